@@ -1,0 +1,48 @@
+# trainprobe: `make demo` and `make test` each install what is missing, then run.
+# Both create and use a virtual environment at .venv in the repository root.
+
+PYTHON     ?= python3
+VENV       := .venv
+VPY        := $(VENV)/bin/python
+TORCH_PIN  := torch==2.13.0
+STAMP      := $(VENV)/.installed
+# Debian packages the probes and the tests use (perf, numactl, bcc and kernel headers for eBPF,
+# hwloc/pciutils for topology cross-checks, chromium for rendering tests).
+APT_PKGS   := linux-perf numactl python3-bpfcc bpfcc-tools linux-headers-amd64 hwloc pciutils chromium
+
+.PHONY: demo test deps system venv host clean
+
+demo: deps
+	$(VENV)/bin/trainprobe demo
+
+test: deps
+	$(VPY) -m pytest -q tests
+
+deps: system venv host
+
+# System packages: installed only when missing, and only where we may (root with apt-get).
+system:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) >/tmp/trainprobe-apt.log 2>&1 \
+	      || { tail -20 /tmp/trainprobe-apt.log; echo "apt-get failed: the probes that need$$missing will say so and skip"; }; \
+	  else echo "not root: skipping system packages$$missing (the probes that need them will say so)"; fi; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg setup.py
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(TORCH_PIN)
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# What eBPF needs on a fresh machine: tracefs, and kernel headers where bcc looks for them.
+host:
+	@sh scripts/prepare-host.sh
+
+clean:
+	rm -rf $(VENV) *.egg-info build dist .pytest_cache

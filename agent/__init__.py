@@ -1,0 +1,2 @@
+"""trainprobe: host-side diagnostics for machine-learning training nodes."""
+__version__ = "0.1.0"

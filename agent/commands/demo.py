@@ -1,0 +1,5 @@
+"""placeholder"""
+import click
+@click.command("demo")
+def command():
+    pass

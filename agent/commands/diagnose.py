@@ -1,0 +1,55 @@
+"""`trainprobe diagnose`: attach to a running training process, watch it, print ranked fixes."""
+from __future__ import annotations
+
+import click
+
+from agent.cli import App
+from agent.target import UserError
+
+MAX_WINDOW_S = 600.0
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (value or "").split(",") if x.strip())
+
+
+@click.command("diagnose")
+@click.option("--pid", type=int, default=None,
+              help="The training process (its DataLoader workers and threads are followed). "
+                   "Default: the busiest Python process that loaded torch.")
+@click.option("--duration", type=click.FloatRange(0.5, MAX_WINDOW_S), default=10.0, show_default=True,
+              help="Seconds to watch.")
+@click.option("--rate", type=click.IntRange(1, 500), default=50, show_default=True,
+              help="py-spy sampling rate (Hz).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
+@click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
+@click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
+@click.option("--native", is_flag=True,
+              help="Include native frames in py-spy stacks. This needs blocking sampling, which stops the "
+                   "target's threads for each sample: use on a job you can afford to slow down.")
+@click.pass_obj
+def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool, only: str | None,
+            skip: str | None, native: bool) -> None:
+    """Attach to a running training process and explain what holds its step back."""
+    from agent import diagnosis
+    from probes.registry import probe_classes
+
+    known = {c.name for c in probe_classes()}
+    unknown = [n for n in _names(only) + _names(skip) if n not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                                 param_hint="--probes/--skip")
+    try:
+        d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
+                          native=native, root=app.root, progress=app.progress)
+    except UserError as exc:
+        raise app.fail(str(exc), exc.exit_code) from None
+    if as_json:
+        from reports import jsonout
+        jsonout.render(d.report, app.out)
+    else:
+        from reports import text
+        text.render(d.report, app.out)
+    if d.exit_code:
+        raise app.fail(f"the target exited before enough evidence was gathered "
+                       f"({d.report['window']['seconds']:.1f} s observed)", d.exit_code)

@@ -1,0 +1,80 @@
+"""Findings and fixes: what a rule returns, in the shape of the report contract."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CONFIDENCES = ("high", "medium", "low")
+RISKS = ("low", "medium", "high")
+
+# The finding ids of the report contract (../shared/REPORT-CONTRACT.md). Users script against them.
+FINDING_IDS = (
+    "dataloader.starved", "h2d.pageable", "host.sync", "host.launch_bound", "cpu.oversubscribed",
+    "gil.contention", "io.small_reads", "numa.remote", "pcie.degraded", "cpu.memory_bound",
+    "compute.bound",
+)
+
+
+@dataclass
+class Fact:
+    probe: str
+    fact: str
+    value: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"probe": self.probe, "fact": self.fact, "value": self.value}
+
+
+@dataclass
+class Fix:
+    title: str
+    change: str | None = None
+    command: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "change": self.change, "command": self.command}
+
+
+@dataclass
+class Finding:
+    id: str
+    title: str
+    expected_speedup: float
+    speedup_bound: str
+    confidence: str
+    evidence: list[Fact] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    risk: str = "low"                 # risk of applying the fix: ranks ties
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.id not in FINDING_IDS:
+            raise ValueError(f"unknown finding id {self.id!r}: add it to the contract first")
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"confidence must be one of {CONFIDENCES}")
+        if self.risk not in RISKS:
+            raise ValueError(f"risk must be one of {RISKS}")
+        self.expected_speedup = round(max(1.0, float(self.expected_speedup)), 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "id": self.id, "title": self.title, "expected_speedup": self.expected_speedup,
+            "speedup_bound": self.speedup_bound, "confidence": self.confidence,
+            "evidence": [e.to_dict() for e in self.evidence], "fixes": [f.to_dict() for f in self.fixes],
+            "risk": self.risk,
+        }
+        if self.details:
+            d["details"] = self.details
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        return cls(id=d["id"], title=d["title"], expected_speedup=d["expected_speedup"],
+                   speedup_bound=d["speedup_bound"], confidence=d["confidence"],
+                   evidence=[Fact(**e) for e in d.get("evidence", [])],
+                   fixes=[Fix(**f) for f in d.get("fixes", [])], risk=d.get("risk", "low"),
+                   details=d.get("details", {}))
+
+
+def pct(x: float) -> str:
+    return f"{100.0 * x:.0f}%"

@@ -1,0 +1,77 @@
+"""Building the Report document (../shared/REPORT-CONTRACT.md). JSON is its canonical form;
+the renderers in reports/ are views of the same dict."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import Any
+
+from agent import __version__
+from agent.evidence import Evidence
+from agent.findings import Finding
+from agent.ranking import rank
+from agent.rules import RuleRun, run_rules
+
+SCHEMA = "trainprobe.report/1"
+
+
+def host_facts(ev: Evidence) -> dict[str, Any]:
+    ctx = ev.context.get("host", {})
+    gpu = ev.get("gpu") or {}
+    topo = ev.get("topology") or {}
+    return {
+        "hostname": ctx.get("hostname") or socket.gethostname(),
+        "cpus": ctx.get("cpus") or os.cpu_count(),
+        "numa_nodes": topo.get("numa_node_count") or ctx.get("numa_nodes") or 1,
+        "kernel": ctx.get("kernel") or platform.release(),
+        "gpus": gpu.get("gpus", []),
+    }
+
+
+def target_facts(ev: Evidence) -> dict[str, Any]:
+    proc = ev.get("process") or {}
+    spy = ev.get("pyspy") or {}
+    ctx = ev.context.get("target", {})
+    workers: list[dict[str, Any]] = []
+    confirmed = {w["pid"] for w in (spy.get("workers") or {}).get("per_worker", [])}
+    for p in proc.get("processes", []):
+        if p["role"] == "main":
+            continue
+        role = p["role"]
+        if role == "dataloader_worker" and confirmed and p["pid"] not in confirmed and spy:
+            role = "child"
+        workers.append({"pid": p["pid"], "role": role, "cpu_cores": p.get("cpu_cores"),
+                        "alive_at_end": p.get("alive_at_end")})
+    if not proc:
+        workers = [{"pid": pid, "role": "dataloader_worker"} for pid in sorted(confirmed)]
+    main = proc.get("main", {})
+    return {
+        "pid": ctx.get("pid") or proc.get("pid") or spy.get("pid"),
+        "cmdline": main.get("cmdline") or ctx.get("cmdline"),
+        "python": proc.get("python") or ctx.get("python"),
+        "threads": main.get("num_threads") or ctx.get("threads"),
+        "workers": workers,
+    }
+
+
+def diagnose(ev: Evidence) -> tuple[list[Finding], list[RuleRun]]:
+    findings, runs = run_rules(ev)
+    return rank(findings), runs
+
+
+def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str, Any],
+          findings: list[Finding], rule_runs: list[RuleRun], notes: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "trainprobe", "version": __version__},
+        "command": command,
+        "host": host_facts(ev),
+        "target": target_facts(ev),
+        "window": window,
+        "probes": [rec.to_dict() for rec in ev.records.values()],
+        "findings": [f.to_dict() for f in findings],
+        "overhead": overhead,
+        "rules": [r.to_dict() for r in rule_runs],
+        "notes": list(notes or []),
+    }

@@ -1,0 +1,164 @@
+"""dataloader.starved: the training loop waits on its input pipeline.
+
+The speedup model (stated in every finding's speedup_bound). Per step, normalised to the measured
+step time T = 1:
+    f  share of the training thread spent waiting for or loading a batch (py-spy),
+    C  = 1 - f, the loop's own time per step,
+    D  CPU-seconds of data production per step: the workers' measured CPU (cores used), or the
+       in-loop loading share when num_workers=0,
+    U  CPU-seconds the whole job uses per step (all threads of the process and its workers),
+    P  CPUs the job may use (affinity and cgroup quota),
+    L  cores the training process itself uses while it computes (its intra-op threads; a fact).
+With W single-threaded workers a step takes at least max(C, D / W, U / P): the loop's own time,
+the workers' production time, and the host's CPU capacity. W never exceeds P (no more workers than
+cores can run). The rule proposes the smallest W that reaches the best step time, and 1 / T'(W)
+as the expected speedup: an upper bound, since workers that share cores with the loop also delay
+it (run-queue delay), which the model does not charge. When today's workers already fill the cores, settings cannot help; the finding
+then quotes what halving the per-sample CPU cost would give.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent.evidence import Evidence
+from agent.findings import Fact, Finding, Fix, pct
+from agent.rules import rule
+
+STARVED_SHARE = 0.10          # the loop waits on data for at least this share of its time
+BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
+
+
+def step_time(w: int, c: float, d: float, u: float, p: float) -> float:
+    return max(c, d / max(w, 1), u / p if p > 0 else 0.0)
+
+
+def max_workers(p: float) -> int:
+    return max(1, int(math.floor(p + 1e-6)))
+
+
+def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple[int, float]:
+    """Smallest W in 1..w_cap whose step time is within 2% of the best in that range."""
+    times = {w: step_time(w, c, d, u, p) for w in range(1, max(w_cap, 1) + 1)}
+    best = min(times.values())
+    w = min(k for k, t in times.items() if t <= best * 1.02)
+    return w, times[w]
+
+
+def _model_inputs(ev: Evidence, f: float, f_wait: float, f_load: float, w_now: int,
+                  facts: list[Fact]) -> dict[str, Any]:
+    proc = ev.get("process")
+    c = max(1.0 - f, 0.02)
+    if proc:
+        p = float(proc["cpus_available"])
+        w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("cpu_cores") is not None]
+        w_now = max(w_now, len([x for x in w_proc if x["alive_at_end"]]))
+        worker_cores = sum(x["cpu_cores"] for x in w_proc)
+        main_cores = float(proc["main"].get("cpu_cores") or 0.0)
+        u = float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
+        d = worker_cores + f_load if w_now else f_load
+        if d <= 0:
+            d = f
+        loop_cores = max(1.0, (main_cores - f_load) / c)
+        facts += [Fact("process", "CPUs the job may use (affinity, cgroup quota)", p),
+                  Fact("process", "CPU cores the job used over the window (main + workers)", round(u, 2)),
+                  Fact("process", "cores the training process uses while it computes", round(loop_cores, 2)),
+                  Fact("process", "DataLoader worker processes", w_now)]
+        churn = proc.get("worker_churn", {}) or {}
+        return {"c": c, "d": d, "u": u, "p": p, "loop": loop_cores, "w_now": w_now, "known_p": True,
+                "uses_cuda": bool(proc.get("uses_cuda")),
+                "recreated": bool(churn.get("appeared") or churn.get("vanished"))}
+    p = float(ev.context.get("cpus_available") or 0.0)
+    return {"c": c, "d": f, "u": 1.0 + w_now, "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now,
+            "known_p": bool(p), "uses_cuda": bool(ev.context.get("uses_cuda")), "recreated": False}
+
+
+@rule("dataloader.starved", requires=("pyspy",), uses=("process", "gpu"),
+      description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
+def dataloader_starved(ev: Evidence) -> Finding | None:
+    spy = ev.get("pyspy") or {}
+    tt = spy.get("training_thread")
+    if not tt:
+        return None
+    bd = tt["breakdown"]
+    f_wait, f_load = bd.get("data_wait", 0.0), bd.get("data_load", 0.0)
+    f = f_wait + f_load
+    if f < STARVED_SHARE:
+        return None
+    workers_spy = spy.get("workers", {}) or {}
+    inloop = f_load >= f_wait
+    facts = [Fact("pyspy", "share of the training thread waiting for or loading batches", round(f, 3))]
+    top_tt = tt.get("top_stacks", {})
+    top = top_tt.get("data_load") if inloop else top_tt.get("data_wait")
+    if inloop:
+        facts.append(Fact("pyspy", "batches are loaded in the training loop itself (num_workers=0)", round(f_load, 3)))
+        if top:
+            facts.append(Fact("pyspy", "hottest in-loop loading stack: " + " > ".join(top[0]["stack"][-3:]),
+                              top[0]["fraction"]))
+    else:
+        facts.append(Fact("pyspy", "training thread blocked in _MultiProcessingDataLoaderIter waiting for workers",
+                          round(f_wait, 3)))
+    worker_top = workers_spy.get("top_stacks") or []
+    if workers_spy.get("count") and worker_top:
+        facts.append(Fact("pyspy", "hottest worker stack: " + " > ".join(worker_top[0]["stack"][-3:]),
+                          worker_top[0]["fraction"]))
+    m = _model_inputs(ev, f, f_wait, f_load, int(workers_spy.get("count") or 0), facts)
+    c, d, u, p, w_now = m["c"], m["d"], m["u"], m["p"], m["w_now"]
+    recreated = m["recreated"] or tt.get("worker_startup_seconds", 0) > 0
+    if tt.get("worker_startup_seconds", 0) > 0:
+        facts.append(Fact("pyspy", "seconds the loop spent starting DataLoader workers", tt["worker_startup_seconds"]))
+    gpu = ev.get("gpu")
+    if gpu and gpu.get("idle_fraction") is not None:
+        facts.append(Fact("gpu", "share of the window the GPU was idle", gpu["idle_fraction"]))
+
+    w_cap = max_workers(p)
+    w_best, t_best = propose_workers(c, d, u, p, w_cap)
+    cpu_note = (f"P={p:g} CPUs so W<={w_cap}" if m["known_p"]
+                else "CPUs unknown (no process evidence): capacity not bounded")
+    bursty = bool(w_now and (workers_spy.get("busy_fraction") or 1.0) < BURSTY_BUSY and f_wait > STARVED_SHARE)
+    if bursty:
+        facts.append(Fact("pyspy", "workers' busy share while the loop waits (bursty production)",
+                          workers_spy.get("busy_fraction")))
+    settings_help = w_best > w_now or (bursty and w_now)
+    fixes: list[Fix] = []
+    if settings_help:
+        w_prop = max(w_best, w_now)
+        speedup = 1.0 / (t_best if w_best > w_now else step_time(w_now, c, d, u, p))
+        args = [f"num_workers={w_prop}"]
+        if m["uses_cuda"]:
+            args.append("pin_memory=True")
+        if recreated or not w_now:
+            args.append("persistent_workers=True")   # new workers are otherwise re-created every epoch
+        if bursty:
+            args.append("prefetch_factor=4")
+        fixes.append(Fix(f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}"
+                         + (" into pinned memory" if m["uses_cuda"] else ""),
+                         change="DataLoader(..., " + ", ".join(args) + ")"))
+        if m["uses_cuda"]:
+            fixes.append(Fix("Copy batches without blocking the loop",
+                             change="x = x.cuda(non_blocking=True)  # with pin_memory=True"))
+        if recreated:
+            facts.append(Fact("process", "worker processes were re-created during the window", True))
+        bound = (f"f={f:.2f}; step >= max(C={c:.2f}, D/W={d:.2f}/{w_prop}, U/P={u:.2f}/{p:g}) of today's step; "
+                 f"{cpu_note}; Amdahl ceiling 1/(1-f)={1 / c:.1f}x; assumes a worker makes a batch as fast "
+                 "as the loop did, with no hand-off cost")
+    else:
+        # The CPUs are the limit: more workers would only queue for the same cores.
+        w_prop = w_now
+        t_half = step_time(max(w_now, 1), c, d / 2.0, u - d / 2.0, p)
+        speedup = 1.0 / t_half
+        where = (top[0]["stack"][-1] if (inloop and top) else
+                 (worker_top[0]["stack"][-1] if worker_top else "the dataset's __getitem__"))
+        fixes.append(Fix("The CPUs are the limit: make each sample cheaper to produce",
+                         change=f"speed up {where}: cache decoded samples, move augmentation to the GPU, "
+                                "or give this job more CPUs"))
+        bound = (f"f={f:.2f}; {w_now} workers already fill the {p:g} CPUs ({cpu_note}); if a sample cost half "
+                 f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
+    conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
+    title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
+             else f"The training loop waits on the DataLoader {pct(f)} of the time")
+    return Finding("dataloader.starved", title, max(speedup, 1.0), bound, conf, facts, fixes, risk="low",
+                   details={"data_share": round(f, 4), "proposed_num_workers": w_prop, "current_num_workers": w_now,
+                            "cpus_available": p, "settings_help": settings_help,
+                            "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,
+                                      "L": round(m["loop"], 3), "W_max": w_cap}})

@@ -1,0 +1,145 @@
+"""A diagnosis session: every available probe runs concurrently over one window.
+
+Each probe runs in its own thread with its own Recorder and its own timeout. A probe that fails,
+hangs or is interrupted is recorded with its reason; the others go on. On Ctrl-C the session stops
+every probe (py-spy gets SIGINT so it writes what it has), and returns what was gathered.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.errors import ProbeError
+from probes.registry import probe_classes
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(msg: str) -> None:
+    print(f"trainprobe: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class SessionResult:
+    captures: list[Capture]
+    started_unix: float
+    window_s: float
+    observed_s: float
+    interrupted: bool
+    overhead: dict[str, Any] = field(default_factory=dict)
+
+
+def _usage() -> tuple[float, float]:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    rss_mb = max(s.ru_maxrss, c.ru_maxrss) / 1024.0
+    return cpu, rss_mb
+
+
+def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> list[Probe]:
+    out = []
+    for cls in probe_classes():
+        if only and cls.name not in only:
+            continue
+        if cls.name in skip or (not only and not cls.default_enabled):
+            continue
+        out.append(cls())
+    return out
+
+
+def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stderr_progress,
+                target_alive: Callable[[], bool] | None = None) -> SessionResult:
+    stop = threading.Event()
+    captures: dict[str, Capture] = {}
+    threads: dict[str, threading.Thread] = {}
+    recorders: dict[str, Recorder] = {}
+    cpu0, _ = _usage()
+    started = time.time()
+    t0 = time.monotonic()
+    deadline = t0 + spec.window_s
+
+    for probe in probes:
+        cap = Capture(probe.name, started_unix=started)
+        captures[probe.name] = cap
+        try:
+            av = probe.check(spec)
+        except Exception as exc:  # noqa: BLE001 - a broken check is a skipped probe, not a crash
+            av = Availability.no(f"availability check failed: {exc}")
+        if not av.ok:
+            cap.status, cap.reason = "skipped", av.reason
+            progress(f"{probe.name}: skipped ({av.reason})")
+            continue
+        rec = Recorder(cap, stop)
+        recorders[probe.name] = rec
+        th = threading.Thread(target=_run_probe, args=(probe, spec, rec, deadline), name=f"probe-{probe.name}",
+                              daemon=True)
+        threads[probe.name] = th
+    progress(f"watching PID {spec.pid} for {spec.window_s:g} s with "
+             f"{', '.join(threads) or 'no probes'} ...")
+    for th in threads.values():
+        th.start()
+
+    interrupted = False
+    try:
+        while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            if target_alive is not None and not target_alive():
+                progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
+                stop.set()
+                break
+        for name, th in threads.items():
+            probe = next(p for p in probes if p.name == name)
+            th.join(timeout=max(0.0, deadline + probe.timeout_s - time.monotonic()))
+    except KeyboardInterrupt:
+        interrupted = True
+        progress("interrupted: stopping probes and reporting what was gathered")
+        stop.set()
+    observed = time.monotonic() - t0
+    if interrupted or stop.is_set():
+        for rec in recorders.values():
+            rec.stop_all()
+        for th in threads.values():
+            th.join(timeout=5.0)
+    for name, th in threads.items():
+        cap = captures[name]
+        if th.is_alive():
+            recorders[name].stop_all()
+            cap.status = "timeout"
+            cap.reason = cap.reason or f"did not finish within {spec.window_s:g} s + its {probes_by(name, probes).timeout_s:g} s timeout"
+            progress(f"{name}: timed out")
+        cap.seconds = round(cap.seconds or (time.monotonic() - t0), 3)
+    cpu1, rss = _usage()
+    agent_cpu = cpu1 - cpu0
+    return SessionResult(
+        captures=[captures[p.name] for p in probes], started_unix=started, window_s=spec.window_s,
+        observed_s=observed, interrupted=interrupted,
+        overhead={"agent_cpu_seconds": round(agent_cpu, 3), "agent_max_rss_mb": round(rss, 1)},
+    )
+
+
+def probes_by(name: str, probes: list[Probe]) -> Probe:
+    return next(p for p in probes if p.name == name)
+
+
+def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float) -> None:
+    cap = rec.capture
+    m0 = time.monotonic()
+    try:
+        probe.capture(spec, rec, deadline)
+        if cap.status == "ok" and rec.stop.is_set() and not cap.artifacts:
+            cap.status, cap.reason = "failed", "stopped before it gathered anything"
+    except ProbeError as exc:
+        cap.status, cap.reason = "failed", str(exc)
+    except Exception as exc:  # noqa: BLE001 - a bug in one probe never sinks the session
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        cap.status = "failed"
+        cap.reason = f"internal error: {type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})"
+    finally:
+        cap.seconds = round(time.monotonic() - m0, 3)

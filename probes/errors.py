@@ -1,0 +1,53 @@
+"""The error taxonomy every probe and reader speaks.
+
+Raw OSErrors are translated here, at the boundary where the system is touched, so callers see
+one of five kinds and a message a user can act on.
+"""
+from __future__ import annotations
+
+import errno
+
+
+class ProbeError(Exception):
+    """Base class: something about the host or the target stopped a read or a probe."""
+
+    kind = "error"
+
+
+class Unavailable(ProbeError):
+    """The host lacks a feature or a tool (no PMU, no bcc, no NVIDIA driver)."""
+
+    kind = "unavailable"
+
+
+class PermissionDenied(ProbeError):
+    """The user lacks the rights (ptrace, perf_event_paranoid, root for eBPF)."""
+
+    kind = "permission_denied"
+
+
+class TimedOut(ProbeError):
+    """A command or a read did not answer within its timeout."""
+
+    kind = "timed_out"
+
+
+class TargetGone(ProbeError):
+    """The process being watched exited (or became a zombie)."""
+
+    kind = "target_gone"
+
+
+class BadInput(ProbeError):
+    """The user asked for something that cannot be: no such PID, not a Python process."""
+
+    kind = "bad_input"
+
+
+def translate_oserror(exc: OSError, what: str) -> ProbeError:
+    """Map an OSError raised while touching `what` to the taxonomy."""
+    if isinstance(exc, (FileNotFoundError, ProcessLookupError)) or exc.errno in (errno.ENOENT, errno.ESRCH):
+        return TargetGone(f"{what}: no longer exists")
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(f"{what}: permission denied")
+    return ProbeError(f"{what}: {exc.strerror or exc}")

@@ -1,0 +1,133 @@
+"""The one door to NVML (pynvml from the nvidia-ml-py distribution).
+
+Every NVML call goes through `Nvml.call`, which turns NVML errors into an NA value with a reason
+("not supported on this GPU", "no NVIDIA driver") instead of an exception, and bounds each call with
+a timeout so a hung driver cannot hang trainprobe. pynvml is imported only here, and only when a
+session opens.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from probes.errors import Unavailable
+
+
+@dataclass(frozen=True)
+class NA:
+    """A metric that could not be read, and why. Falsy, so `value or default` works."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"NA({self.reason!r})"
+
+
+def is_na(v: Any) -> bool:
+    return isinstance(v, NA)
+
+
+def _reason(exc: BaseException, pynvml: Any) -> str:
+    names = {
+        "NVML_ERROR_NOT_SUPPORTED": "not supported on this GPU or driver",
+        "NVML_ERROR_NO_PERMISSION": "permission denied (needs root)",
+        "NVML_ERROR_DRIVER_NOT_LOADED": "no NVIDIA driver loaded",
+        "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver: libnvidia-ml.so not found",
+        "NVML_ERROR_GPU_IS_LOST": "the GPU has fallen off the bus",
+        "NVML_ERROR_NOT_FOUND": "not found",
+        "NVML_ERROR_FUNCTION_NOT_FOUND": "this driver lacks the function",
+        "NVML_ERROR_TIMEOUT": "timed out",
+        "NVML_ERROR_INVALID_ARGUMENT": "invalid argument",
+        "NVML_ERROR_UNINITIALIZED": "NVML not initialised",
+    }
+    code = getattr(exc, "value", None)
+    if pynvml is not None and code is not None:
+        for name, text in names.items():
+            if getattr(pynvml, name, object()) == code:
+                return text
+    msg = str(exc) or type(exc).__name__
+    return msg
+
+
+class Nvml:
+    """An NVML session: `with Nvml() as n: n.call("nvmlDeviceGetCount")`.
+
+    Opening raises Unavailable with one actionable line when there is no pynvml, no driver or no
+    GPU; every later call returns a value or an NA.
+    """
+
+    def __init__(self, timeout_s: float = 5.0):
+        self.timeout_s = timeout_s
+        self.pynvml: Any = None
+
+    def __enter__(self) -> "Nvml":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def open(self) -> None:
+        try:
+            import pynvml  # noqa: PLC0415 - heavy and optional: only when a GPU probe runs
+        except ImportError:
+            raise Unavailable("pynvml not installed: `pip install nvidia-ml-py`") from None
+        self.pynvml = pynvml
+        try:
+            self._bounded(pynvml.nvmlInit)
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - NVMLError and OSError alike
+            reason = _reason(exc, pynvml)
+            if reason.startswith("no NVIDIA driver"):
+                raise Unavailable(reason) from None
+            if "not found" in reason.lower() or "shared library" in str(exc).lower():
+                raise Unavailable(f"no NVIDIA driver ({reason})") from None
+            raise Unavailable(f"NVML initialisation failed: {reason}") from None
+
+    def close(self) -> None:
+        if self.pynvml is not None:
+            try:
+                self.pynvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self.pynvml = None
+
+    def _bounded(self, fn: Any, *args: Any) -> Any:
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["v"] = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["e"] = exc
+
+        th = threading.Thread(target=target, daemon=True, name="nvml-call")
+        th.start()
+        th.join(self.timeout_s)
+        if th.is_alive():
+            raise Unavailable(f"NVML call {getattr(fn, '__name__', fn)} did not return within {self.timeout_s:g} s")
+        if "e" in box:
+            raise box["e"]
+        return box.get("v")
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call pynvml.<name>(*args); return its value, or NA(reason) on any NVML error."""
+        if self.pynvml is None:
+            return NA("NVML not initialised")
+        fn = getattr(self.pynvml, name, None)
+        if fn is None:
+            return NA(f"{name} not in this pynvml")
+        try:
+            return self._bounded(fn, *args)
+        except Unavailable as exc:
+            return NA(str(exc))
+        except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, ctypes errors
+            return NA(_reason(exc, self.pynvml))
+
+    def const(self, name: str, default: Any = None) -> Any:
+        return getattr(self.pynvml, name, default) if self.pynvml is not None else default

@@ -1,0 +1,214 @@
+"""Readers and pure parsers for /proc and /sys. Every reader takes a root (default "/").
+
+Parsers take text and return values; readers join a root and a path, read, and translate
+OSErrors into the probes.errors taxonomy.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from probes.errors import translate_oserror
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+# The only environment variables trainprobe ever reads from another process. Nothing else from a
+# process environment may appear in any output.
+ENV_WHITELIST = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
+
+
+def path(root: str, *parts: str) -> str:
+    return os.path.join(root, *[p.lstrip("/") for p in parts])
+
+
+def read_text(root: str, rel: str) -> str:
+    p = path(root, rel)
+    try:
+        with open(p, "r", errors="replace") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise translate_oserror(exc, p) from None
+
+
+def read_bytes(root: str, rel: str) -> bytes:
+    p = path(root, rel)
+    try:
+        with open(p, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise translate_oserror(exc, p) from None
+
+
+def try_read_text(root: str, rel: str) -> str | None:
+    try:
+        return read_text(root, rel)
+    except Exception:  # noqa: BLE001 - optional files: absence is a value
+        return None
+
+
+# -- pure parsers -------------------------------------------------------------------------------
+
+def parse_cpulist(text: str | None) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]. Empty or None -> []."""
+    cpus: list[int] = []
+    if not text:
+        return cpus
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.extend(range(int(lo), int(hi) + 1))
+        else:
+            cpus.append(int(part))
+    return cpus
+
+
+def format_cpulist(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8'."""
+    out: list[str] = []
+    s = sorted(set(cpus))
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def parse_stat(text: str) -> dict[str, Any]:
+    """/proc/PID/stat or /proc/PID/task/TID/stat. The comm field may hold spaces and parentheses."""
+    lpar, rpar = text.index("("), text.rindex(")")
+    comm = text[lpar + 1:rpar]
+    rest = text[rpar + 2:].split()
+    # rest[0] is field 3 (state); field n is rest[n - 3]
+    def f(n: int) -> int:
+        return int(rest[n - 3])
+    return {
+        "pid": int(text[:lpar].strip()), "comm": comm, "state": rest[0], "ppid": f(4),
+        "flags": f(9), "minflt": f(10), "majflt": f(12),
+        "utime_s": f(14) / CLK_TCK, "stime_s": f(15) / CLK_TCK,
+        "num_threads": f(20), "starttime_ticks": f(22),
+        "processor": f(39) if len(rest) > 36 else None,
+    }
+
+
+PF_KTHREAD = 0x00200000
+
+
+def parse_status(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_schedstat(text: str | None) -> dict[str, float] | None:
+    """/proc/PID/task/TID/schedstat: on-CPU ns, run-queue wait ns, timeslices."""
+    if not text:
+        return None
+    parts = text.split()
+    if len(parts) < 3:
+        return None
+    return {"run_s": int(parts[0]) / 1e9, "wait_s": int(parts[1]) / 1e9, "timeslices": int(parts[2])}
+
+
+def parse_cmdline(raw: bytes | str) -> str:
+    if isinstance(raw, str):
+        raw = raw.encode()
+    return " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+
+
+def parse_environ_whitelist(raw: bytes, names: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str]:
+    """Keep only whitelisted variables: nothing else from the environment leaves this function."""
+    keep = {n.encode() for n in names}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k in keep:
+            out[k.decode()] = v.decode(errors="replace")
+    return out
+
+
+def parse_maps_libraries(text: str) -> list[str]:
+    """Distinct shared-object paths mapped by a process."""
+    libs: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and ".so" in parts[5]:
+            libs.add(parts[5].strip())
+    return sorted(libs)
+
+
+def parse_cpu_max(text: str | None) -> float | None:
+    """cgroup v2 cpu.max ('max 100000' or '200000 100000') -> cores, or None if unlimited."""
+    if not text:
+        return None
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    return int(parts[0]) / int(parts[1])
+
+
+def parse_cgroup_v2_path(text: str | None) -> str | None:
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
+    return None
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+def children_of(pid: int, root: str = "/") -> list[int]:
+    """Direct children of a process, from /proc/PID/task/*/children."""
+    kids: list[int] = []
+    tasks = path(root, f"proc/{pid}/task")
+    try:
+        tids = os.listdir(tasks)
+    except OSError as exc:
+        raise translate_oserror(exc, tasks) from None
+    for tid in tids:
+        text = try_read_text(root, f"proc/{pid}/task/{tid}/children")
+        if text:
+            kids.extend(int(x) for x in text.split())
+    return sorted(set(kids))
+
+
+def descendants_of(pid: int, root: str = "/") -> list[tuple[int, int]]:
+    """(pid, parent pid) for every descendant, breadth first. Vanished processes are skipped."""
+    out: list[tuple[int, int]] = []
+    frontier = [pid]
+    seen = {pid}
+    while frontier:
+        nxt: list[int] = []
+        for p in frontier:
+            try:
+                kids = children_of(p, root)
+            except Exception:  # noqa: BLE001 - a process that exits mid-walk has no children
+                continue
+            for k in kids:
+                if k not in seen:
+                    seen.add(k)
+                    out.append((k, p))
+                    nxt.append(k)
+        frontier = nxt
+    return out
+
+
+def cpus_online(root: str = "/") -> list[int]:
+    text = try_read_text(root, "sys/devices/system/cpu/online")
+    cpus = parse_cpulist(text)
+    return cpus or list(range(os.cpu_count() or 1))
+
+
+def numa_node_count(root: str = "/") -> int:
+    text = try_read_text(root, "sys/devices/system/node/online")
+    nodes = parse_cpulist(text)
+    return len(nodes) or 1

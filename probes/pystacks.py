@@ -1,0 +1,236 @@
+"""Pure functions over Python stacks: read py-spy's chrometrace into time spans, and classify what
+a training thread or a DataLoader worker was doing in each span.
+
+A stack is a tuple of Frame, root first. Classification never reads the host: the source lines it
+needs were read at capture time and are passed in as a mapping "filename:line" -> text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+TRAIN_CATEGORIES = ("data_wait", "data_load", "h2d_copy", "host_sync", "forward", "backward",
+                    "optimizer", "other")
+WORKER_CATEGORIES = ("getitem", "transform", "collate", "idle", "other")
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    filename: str
+    line: int
+
+    @property
+    def short(self) -> str:
+        return self.filename.rsplit("/", 1)[-1]
+
+    def label(self) -> str:
+        if not self.filename:
+            return self.name
+        return f"{self.name} ({self.short}:{self.line})"
+
+
+@dataclass
+class Span:
+    t0: float           # seconds since the recorder started
+    t1: float
+    stack: tuple[Frame, ...]
+
+    @property
+    def seconds(self) -> float:
+        return max(self.t1 - self.t0, 0.0)
+
+
+@dataclass
+class ThreadTrace:
+    pid: int
+    thread_key: int           # py-spy's thread id (pthread id)
+    os_tid: int | None
+    name: str | None
+    spans: list[Span]
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.spans)
+
+
+_THREAD_FRAME = re.compile(r"^thread \((\d+)\): ?(.*)$")
+_PROCESS_FRAME = re.compile(r'^process (\d+):')
+
+
+def read_chrometrace(events: list[dict[str, Any]]) -> list[ThreadTrace]:
+    """py-spy `record -f chrometrace` -> one ThreadTrace per (pid, thread).
+
+    py-spy writes B/E events only when a thread's stack changes, so the stack open at a moment is
+    what was sampled from then until the next change. Pseudo-frames that py-spy prepends
+    (`process PID:"cmd"` with --subprocesses, `thread (TID): name` with --threads) are lifted
+    out of the stack into the ThreadTrace.
+    """
+    open_stacks: dict[tuple[int, int], list[Frame]] = {}
+    last_ts: dict[tuple[int, int], float] = {}
+    traces: dict[tuple[int, int], ThreadTrace] = {}
+    for ev in sorted(events, key=lambda e: (e.get("ts", 0), 0 if e.get("ph") == "E" else 1)):
+        ph = ev.get("ph")
+        if ph not in ("B", "E"):
+            continue
+        key = (int(ev["pid"]), int(ev["tid"]))
+        ts = float(ev["ts"]) / 1e6
+        stack = open_stacks.setdefault(key, [])
+        tr = traces.get(key)
+        if tr is None:
+            tr = traces[key] = ThreadTrace(key[0], key[1], None, None, [])
+        prev = last_ts.get(key)
+        if prev is not None and ts > prev and stack:
+            _append(tr, prev, ts, tuple(stack))
+        last_ts[key] = ts
+        if ph == "B":
+            args = ev.get("args") or {}
+            stack.append(Frame(str(ev.get("name", "")), str(args.get("filename") or ""), int(args.get("line") or 0)))
+        elif stack:
+            stack.pop()
+    for tr in traces.values():
+        _lift_pseudo_frames(tr)
+    return [t for t in traces.values() if t.spans]
+
+
+def _append(tr: ThreadTrace, t0: float, t1: float, stack: tuple[Frame, ...]) -> None:
+    if tr.spans and tr.spans[-1].stack == stack and abs(tr.spans[-1].t1 - t0) < 1e-9:
+        tr.spans[-1].t1 = t1
+    else:
+        tr.spans.append(Span(t0, t1, stack))
+
+
+def _lift_pseudo_frames(tr: ThreadTrace) -> None:
+    for sp in tr.spans:
+        kept = []
+        for f in sp.stack:
+            if not f.filename:
+                m = _THREAD_FRAME.match(f.name)
+                if m:
+                    tr.os_tid = int(m.group(1))
+                    tr.name = m.group(2) or tr.name
+                    continue
+                if _PROCESS_FRAME.match(f.name):
+                    continue
+            kept.append(f)
+        sp.stack = tuple(kept)
+
+
+# -- what code is whose --------------------------------------------------------------------------
+
+_LIB_MARKERS = ("site-packages/", "dist-packages/", "<frozen", "/lib/python3", "/lib64/python3")
+
+
+def is_library(filename: str) -> bool:
+    return (not filename) or any(m in filename for m in _LIB_MARKERS)
+
+
+def is_torch(filename: str) -> bool:
+    return "/torch/" in filename
+
+
+# Source-line patterns for user code that calls into C (no Python frame below it).
+_SYNC_LINE = re.compile(r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|\.numpy\(\)|cuda\.synchronize\(|"
+                        r"\bsynchronize\(\)|\bprint\(|\.nonzero\(|float\(\s*\w+\s*\)|torch\.equal\(")
+_H2D_LINE = re.compile(r"\.cuda\(|\.to\([^)]*(cuda|device|non_blocking)|\.to\(\s*\w*dev|\.copy_\(|"
+                       r"torch\.as_tensor\([^)]*device|\.pin_memory\(")
+
+
+def leaf_user_line(stack: tuple[Frame, ...], source: Mapping[str, str]) -> tuple[Frame, str] | None:
+    """The deepest frame when it is user code, and its source line (if it was read)."""
+    if not stack:
+        return None
+    leaf = stack[-1]
+    if is_library(leaf.filename):
+        return None
+    text = source.get(f"{leaf.filename}:{leaf.line}")
+    return (leaf, text) if text is not None else None
+
+
+def classify_training(stack: tuple[Frame, ...], source: Mapping[str, str]) -> str:
+    """Where one sample of the training thread was: one of TRAIN_CATEGORIES."""
+    names = [f.name for f in stack]
+    joined = "\n".join(names)
+    if "_MultiProcessingDataLoaderIter" in joined:
+        return "data_wait"
+    if ("_SingleProcessDataLoaderIter" in joined or "_MapDatasetFetcher.fetch" in joined
+            or "_IterableDatasetFetcher.fetch" in joined):
+        return "data_load"
+    if any(n.endswith("_BaseDataLoaderIter.__next__") for n in names):
+        return "data_wait"
+    leaf_line = leaf_user_line(stack, source)
+    if leaf_line is not None:
+        _frame, text = leaf_line
+        code = text.split("#", 1)[0]
+        if _H2D_LINE.search(code):
+            return "h2d_copy"
+        if _SYNC_LINE.search(code):
+            return "host_sync"
+    if stack:
+        leaf = stack[-1]
+        if leaf.name == "synchronize" and "torch/cuda" in leaf.filename:
+            return "host_sync"
+        if leaf.name.endswith("pin_memory") and is_torch(leaf.filename):
+            return "h2d_copy"
+    for f in stack:
+        if is_torch(f.filename) and (f.name in ("backward", "_engine_run_backward", "Tensor.backward")
+                                     or "/torch/autograd/" in f.filename):
+            return "backward"
+    for f in stack:
+        if "/torch/optim/" in f.filename or f.name.endswith(".zero_grad") or f.name.endswith("Optimizer.step"):
+            return "optimizer"
+    for f in stack:
+        if f.name in ("Module._call_impl", "Module._wrapped_call_impl", "Module.__call__") or \
+                (f.name.endswith(".forward") and not is_library(f.filename)):
+            return "forward"
+    return "other"
+
+
+def classify_worker(stack: tuple[Frame, ...]) -> str:
+    """Where one sample of a DataLoader worker's main thread was: one of WORKER_CATEGORIES."""
+    names = [f.name for f in stack]
+    if not any("_worker_loop" in n for n in names):
+        return "other"
+    in_fetch = False
+    getitem_depth = None
+    for i, f in enumerate(stack):
+        if f.name.endswith("Fetcher.fetch"):
+            in_fetch = True
+        if "collate" in f.name and is_torch(f.filename):
+            return "collate"
+        if in_fetch and getitem_depth is None and (f.name.endswith("__getitem__") or f.name.endswith("__getitems__")
+                                                   or f.name.endswith("__iter__") or f.name.endswith("__next__")):
+            getitem_depth = i
+    if getitem_depth is not None:
+        below = stack[getitem_depth + 1:]
+        if any(_is_transform(f) for f in below):
+            return "transform"
+        return "getitem"
+    if in_fetch:
+        return "getitem"
+    return "idle"
+
+
+def _is_transform(f: Frame) -> bool:
+    return ("/transforms/" in f.filename or "Compose" in f.name or "transform" in f.name.lower()
+            or "augment" in f.name.lower())
+
+
+def is_worker_trace(tr: ThreadTrace) -> bool:
+    return any("_worker_loop" in f.name for sp in tr.spans[:50] for f in sp.stack)
+
+
+def is_idle_stack(stack: tuple[Frame, ...]) -> bool:
+    """A thread parked in a wait (py-spy would call it idle) rather than running."""
+    if not stack:
+        return True
+    leaf = stack[-1].name
+    return leaf.endswith((".wait", ".get", "poll", "select", "_poll", ".acquire", "sleep", "Event.wait",
+                          "Condition.wait", "_recv", "recv_bytes", "_wait_for_tstate_lock", ".join"))
+
+
+def fold(stack: Iterable[Frame], prefix: Iterable[str] = ()) -> str:
+    """A folded-stack key (root first, ';' separated) for Brendan Gregg's format."""
+    parts = list(prefix) + [f.label().replace(";", ":") for f in stack]
+    return ";".join(parts)

@@ -1,0 +1,172 @@
+"""Facts about a candidate target process, read from /proc, and discovery of training processes.
+
+Raises the probes.errors taxonomy; the agent turns those into exit codes and one-line messages.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from probes import procfs
+from probes.errors import BadInput, PermissionDenied, TargetGone
+
+
+@dataclass
+class ProcessInfo:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    uid: int
+    cmdline: str
+    exe: str | None
+    kernel_thread: bool
+    is_python: bool
+    uses_torch: bool
+    uses_cuda: bool
+    cpu_seconds: float
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+_PY_EXE = re.compile(r"^python(\d+(\.\d+)*)?[a-z]?$")
+
+
+def inspect(pid: int, root: str = "/") -> ProcessInfo:
+    """Read what trainprobe needs to know about `pid` before attaching to it."""
+    if pid <= 0:
+        raise BadInput(f"{pid} is not a valid PID")
+    base = f"proc/{pid}"
+    if not os.path.isdir(procfs.path(root, base)):
+        raise BadInput(f"no process with PID {pid}")
+    try:
+        st = procfs.parse_stat(procfs.read_text(root, f"{base}/stat"))
+        status = procfs.parse_status(procfs.read_text(root, f"{base}/status"))
+    except TargetGone:
+        raise BadInput(f"no process with PID {pid}") from None
+    kernel_thread = bool(st["flags"] & procfs.PF_KTHREAD)
+    cmdline = ""
+    try:
+        cmdline = procfs.parse_cmdline(procfs.read_bytes(root, f"{base}/cmdline"))
+    except Exception:  # noqa: BLE001 - zombies and kernel threads have none
+        pass
+    exe = None
+    try:
+        exe = os.readlink(procfs.path(root, f"{base}/exe"))
+    except OSError:
+        pass
+    maps = procfs.try_read_text(root, f"{base}/maps") or ""
+    libs = procfs.parse_maps_libraries(maps) if maps else []
+    exe_base = (exe or cmdline.split(" ", 1)[0]).rsplit("/", 1)[-1].replace(" (deleted)", "")
+    is_python = bool(_PY_EXE.match(exe_base)) or any("/libpython" in x for x in libs)
+    uid = int(status.get("Uid", "0").split()[0]) if status.get("Uid") else 0
+    kids: list[int] = []
+    try:
+        kids = procfs.children_of(pid, root)
+    except Exception:  # noqa: BLE001
+        pass
+    return ProcessInfo(
+        pid=pid, comm=st["comm"], state=st["state"], ppid=st["ppid"], uid=uid, cmdline=cmdline, exe=exe,
+        kernel_thread=kernel_thread, is_python=is_python,
+        uses_torch=any("libtorch" in x for x in libs),
+        uses_cuda=any(("libcuda.so" in x or "libcudart" in x) for x in libs),
+        cpu_seconds=st["utime_s"] + st["stime_s"], children=kids,
+    )
+
+
+def can_ptrace(info: ProcessInfo, root: str = "/") -> tuple[bool, str | None]:
+    """Whether this user may attach to the target (py-spy reads its memory through ptrace rules)."""
+    if os.geteuid() == 0:
+        return True, None
+    if info.uid != os.geteuid():
+        return False, (f"PID {info.pid} belongs to uid {info.uid}; reading its memory needs root or "
+                       "CAP_SYS_PTRACE: run trainprobe with sudo")
+    scope_text = procfs.try_read_text(root, "proc/sys/kernel/yama/ptrace_scope")
+    scope = int(scope_text.strip()) if scope_text and scope_text.strip().isdigit() else 0
+    if scope >= 2:
+        return False, (f"kernel.yama.ptrace_scope is {scope}: attaching needs root "
+                       "(or `sysctl kernel.yama.ptrace_scope=1` for non-descendants of your shell)")
+    if scope == 1:
+        # Only descendants may be traced without CAP_SYS_PTRACE.
+        p = info.ppid
+        me = os.getpid()
+        while p > 1:
+            if p == me:
+                return True, None
+            try:
+                p = procfs.parse_stat(procfs.read_text(root, f"proc/{p}/stat"))["ppid"]
+            except Exception:  # noqa: BLE001
+                break
+        return False, (f"kernel.yama.ptrace_scope is 1 and PID {info.pid} is not a child of trainprobe: "
+                       "run with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`")
+    try:
+        with open(procfs.path(root, f"proc/{info.pid}/mem"), "rb"):
+            pass
+    except PermissionError:
+        raise PermissionDenied(f"cannot open /proc/{info.pid}/mem: run trainprobe with sudo") from None
+    except OSError:
+        pass
+    return True, None
+
+
+@dataclass
+class Candidate:
+    pid: int
+    cmdline: str
+    cpu_cores: float
+    tree_size: int
+
+
+def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Candidate]:
+    """Python processes that loaded torch and whose parent did not: the roots of training jobs.
+
+    CPU use is that of the whole process tree (ranks and workers), measured over `sample_s`.
+    """
+    infos: dict[int, ProcessInfo] = {}
+    for name in os.listdir(procfs.path(root, "proc")):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            info = inspect(int(name), root)
+        except Exception:  # noqa: BLE001 - processes come and go while we look
+            continue
+        if info.is_python and info.uses_torch and not info.zombie:
+            infos[info.pid] = info
+    roots = [i for i in infos.values() if i.ppid not in infos]
+
+    def tree_cpu(pid: int) -> tuple[float, int]:
+        total, n = 0.0, 0
+        for p in [pid] + [d for d, _ in procfs.descendants_of(pid, root)]:
+            text = procfs.try_read_text(root, f"proc/{p}/stat")
+            if text:
+                st = procfs.parse_stat(text)
+                total += st["utime_s"] + st["stime_s"]
+                n += 1
+        return total, n
+
+    before = {r.pid: tree_cpu(r.pid)[0] for r in roots}
+    t0 = time.monotonic()
+    time.sleep(sample_s)
+    dt = max(time.monotonic() - t0, 1e-3)
+    out = []
+    for r in roots:
+        after, n = tree_cpu(r.pid)
+        out.append(Candidate(r.pid, r.cmdline, round((after - before[r.pid]) / dt, 2), n))
+    out.sort(key=lambda c: -c.cpu_cores)
+    return out
+
+
+def is_alive(pid: int, root: str = "/") -> bool:
+    """True while the process exists and is not a zombie."""
+    text = procfs.try_read_text(root, f"proc/{pid}/stat")
+    if text is None:
+        return False
+    try:
+        return procfs.parse_stat(text)["state"] not in ("Z", "X")
+    except (ValueError, IndexError):
+        return False

@@ -1,0 +1,117 @@
+"""Terminal view of a Report: the top finding first, its expected speedup, the evidence, the fix."""
+from __future__ import annotations
+
+import os
+import textwrap
+from typing import Any, TextIO
+
+WIDTH = 100
+
+
+class Style:
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def _w(self, code: str, s: str) -> str:
+        return f"\033[{code}m{s}\033[0m" if self.enabled else s
+
+    def bold(self, s: str) -> str:
+        return self._w("1", s)
+
+    def dim(self, s: str) -> str:
+        return self._w("2", s)
+
+    def green(self, s: str) -> str:
+        return self._w("32", s)
+
+    def yellow(self, s: str) -> str:
+        return self._w("33", s)
+
+    def red(self, s: str) -> str:
+        return self._w("31", s)
+
+    def cyan(self, s: str) -> str:
+        return self._w("36", s)
+
+
+def use_color(stream: TextIO) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        if 0 < abs(v) <= 1.0:
+            return f"{v:.2f}"
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if v is None:
+        return "-"
+    return str(v)
+
+
+def _wrap(text: str, indent: str) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
+    out: list[str] = []
+    for i, f in enumerate(findings, 1):
+        sp = f["expected_speedup"]
+        sp_s = f"{sp:.2f}x" if sp > 1.0 else "1.0x (no host-side gain)"
+        colour = st.green if f["id"] == "compute.bound" else (st.red if sp >= 1.5 else st.yellow)
+        out.append(f"{st.bold(f'#{i}')}  {colour(st.bold(f['id']))}   expected speedup {st.bold(sp_s)}"
+                   f"   confidence {f['confidence']}")
+        out.append(_wrap(st.bold(f["title"]), "    "))
+        if f.get("evidence"):
+            out.append("    " + st.dim("evidence"))
+            for e in f["evidence"]:
+                out.append(_wrap(f"{e['probe']:<8} {e['fact']}: {_fmt_value(e['value'])}", "      "))
+        for fx in f.get("fixes", []):
+            out.append("    " + st.cyan("fix: ") + fx["title"])
+            if fx.get("change"):
+                out.append("      " + st.bold(fx["change"]))
+            if fx.get("command"):
+                out.append("      $ " + st.bold(fx["command"]))
+        out.append(_wrap(st.dim("how the number was derived: " + f["speedup_bound"]), "    "))
+        out.append("")
+    return out
+
+
+def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
+    st = Style(use_color(stream) if color is None else color)
+    host, tgt, win = report["host"], report["target"], report["window"]
+    lines: list[str] = []
+    gpus = host.get("gpus") or []
+    gpu_s = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" if gpus else "no GPU"
+    lines.append(st.bold(f"trainprobe {report['tool']['version']} - {report['command']} PID {tgt.get('pid')}")
+                 + st.dim(f"  ({win.get('seconds', 0):.1f} s window on {host.get('hostname')}: "
+                          f"{host.get('cpus')} CPUs, {host.get('numa_nodes')} NUMA node(s), {gpu_s})"))
+    if tgt.get("cmdline"):
+        lines.append(st.dim("target: " + textwrap.shorten(tgt["cmdline"], WIDTH - 8)))
+    workers = [w for w in tgt.get("workers", []) if w.get("role") == "dataloader_worker"]
+    others = [w for w in tgt.get("workers", []) if w.get("role") != "dataloader_worker"]
+    lines.append(st.dim(f"threads: {tgt.get('threads')}; DataLoader workers: {len(workers)}"
+                        + (f" ({', '.join(str(w['pid']) for w in workers[:8])}{' ...' if len(workers) > 8 else ''})"
+                           if workers else "")
+                        + (f"; other children: {len(others)}" if others else "")))
+    for n in report.get("notes", []):
+        lines.append(st.yellow("note: ") + n)
+    lines.append("")
+    findings = report["findings"]
+    if not findings:
+        lines.append("No finding: the evidence gathered does not point at a host-side cause.")
+        lines.append("")
+    else:
+        lines.extend(render_findings(findings, st))
+    probe_bits = []
+    for p in report["probes"]:
+        s = p["status"]
+        mark = st.green(s) if s == "ok" else (st.yellow(s) if s == "skipped" else st.red(s))
+        probe_bits.append(f"{p['name']} {mark}" + (f" ({p['reason']})" if p.get("reason") else ""))
+    lines.append(st.dim("probes: ") + "; ".join(probe_bits))
+    oh = report.get("overhead") or {}
+    if oh:
+        slow = oh.get("target_slowdown_estimate")
+        lines.append(st.dim(f"overhead: agent {oh.get('agent_cpu_seconds', 0):.2f} CPU-s, "
+                            f"{oh.get('agent_max_rss_mb', 0):.0f} MB max RSS"
+                            + (f", estimated target slowdown {100 * slow:.1f}%" if slow is not None else "")))
+    stream.write("\n".join(lines) + "\n")

@@ -1,0 +1,108 @@
+"""Shared test helpers: start real workloads, run the real CLI, load the real captures."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+H200 = DATA / "h200"
+H200_MODES = ("starved", "fixed", "healthy", "sync", "pageable", "pinned")
+PY = sys.executable
+
+
+@dataclass
+class Workload:
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rates(self) -> list[float]:
+        return [float(ln.rsplit("steps_per_s=", 1)[1]) for ln in self.lines if ln.startswith("PROGRESS")]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_workload(*args: str, warmup_lines: int = 1, timeout: float = 60.0, env: dict | None = None,
+                   module: str = "agent.workloads.train_cpu") -> Workload:
+    """Start `python -m agent.workloads.train_cpu ARGS` and wait until it reports progress."""
+    e = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    e.update(env or {})
+    proc = subprocess.Popen([PY, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=e)
+    w = Workload(proc)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            w.lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for ln in w.lines if ln.startswith("PROGRESS")) >= warmup_lines:
+            return w
+        if proc.poll() is not None:
+            raise RuntimeError("workload exited early:\n" + "\n".join(w.lines[-20:]))
+        time.sleep(0.1)
+    w.stop()
+    raise RuntimeError("workload did not start in time:\n" + "\n".join(w.lines[-20:]))
+
+
+@dataclass
+class CliResult:
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+
+def run_cli(*args: str, timeout: float = 120.0, user: int | None = None, env: dict | None = None) -> CliResult:
+    """Run the real `trainprobe` command line (optionally as another uid) and capture everything."""
+    e = dict(os.environ, NO_COLOR="1")
+    e.update(env or {})
+    argv = [PY, "-m", "agent", *args]
+    kw = {}
+    if user is not None:
+        kw["user"] = user
+        kw["group"] = user
+        kw["extra_groups"] = []
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=e, **kw)
+    return CliResult(p.returncode, p.stdout, p.stderr)
+
+
+def h200_chrometrace(mode: str) -> str:
+    with gzip.open(H200 / mode / "pyspy.chrometrace.json.gz", "rt") as fh:
+        return fh.read()
+
+
+def h200_pid(mode: str) -> int:
+    return json.loads((H200 / mode / "nvml.json").read_text())["pid"]
+
+
+def h200_pyspy_capture(mode: str):
+    from probes.pyspy import capture_from_chrometrace
+    return capture_from_chrometrace(h200_chrometrace(mode), h200_pid(mode),
+                                    source_remap={"/srv/train/": str(H200 / "src") + "/"})
