@@ -73,7 +73,7 @@ def _model_inputs(ev: Evidence, f: float, f_wait: float, f_load: float, w_now: i
             "known_p": bool(p), "uses_cuda": bool(ev.context.get("uses_cuda")), "recreated": False}
 
 
-@rule("dataloader.starved", requires=("pyspy",), uses=("process", "gpu"),
+@rule("dataloader.starved", requires=("pyspy",), uses=("process",),
       description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
 def dataloader_starved(ev: Evidence) -> Finding | None:
     spy = ev.get("pyspy") or {}
@@ -121,16 +121,18 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                           workers_spy.get("busy_fraction")))
     settings_help = w_best > w_now or (bursty and w_now)
     fixes: list[Fix] = []
+    kwargs = {}
     if settings_help:
         w_prop = max(w_best, w_now)
         speedup = 1.0 / (t_best if w_best > w_now else step_time(w_now, c, d, u, p))
-        args = [f"num_workers={w_prop}"]
+        kwargs: dict[str, Any] = {"num_workers": w_prop}
         if m["uses_cuda"]:
-            args.append("pin_memory=True")
+            kwargs["pin_memory"] = True
         if recreated or not w_now:
-            args.append("persistent_workers=True")   # new workers are otherwise re-created every epoch
+            kwargs["persistent_workers"] = True   # new workers are otherwise re-created every epoch
         if bursty:
-            args.append("prefetch_factor=4")
+            kwargs["prefetch_factor"] = 4
+        args = [f"{k}={v}" for k, v in kwargs.items()]
         fixes.append(Fix(f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}"
                          + (" into pinned memory" if m["uses_cuda"] else ""),
                          change="DataLoader(..., " + ", ".join(args) + ")"))
@@ -160,5 +162,6 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     return Finding("dataloader.starved", title, max(speedup, 1.0), bound, conf, facts, fixes, risk="low",
                    details={"data_share": round(f, 4), "proposed_num_workers": w_prop, "current_num_workers": w_now,
                             "cpus_available": p, "settings_help": settings_help,
+                            "dataloader_kwargs": kwargs,
                             "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,
                                       "L": round(m["loop"], 3), "W_max": w_cap}})
