@@ -13,10 +13,10 @@ from agent import evidence as evidence_mod
 from agent import report as report_mod
 from agent.evidence import Evidence
 from agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
-from agent.target import EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve
+from agent.target import EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
 from probes import procfs
 from probes.base import Capture, WatchSpec
-from probes.target import is_alive
+from probes.target import is_alive, launcher_of
 
 MIN_EVIDENCE_S = 1.0        # a target that lived less than this in the window gives exit code 3
 
@@ -55,6 +55,12 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 50, only: tupl
         progress: Progress = stderr_progress, options: dict[str, Any] | None = None) -> Diagnosis:
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
+    requested = info.pid
+    launcher = launcher_of(info.pid, root)
+    if launcher is not None:
+        # One rank of a multi-rank job: watch the whole job, so the ranks can be compared.
+        progress(f"PID {info.pid} is one rank of a multi-rank job; watching all ranks from launcher PID {launcher}")
+        info = validate(launcher, root)
     if resolved.how == "discovered":
         progress(f"diagnosing PID {info.pid}: {info.cmdline[:80]}")
     spec = WatchSpec(pid=info.pid, window_s=duration_s, rate_hz=rate_hz, child_pids=tuple(info.children),
@@ -64,7 +70,8 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 50, only: tupl
     host = host_context(root)
     context = {
         "host": host,
-        "target": {"pid": info.pid, "cmdline": info.cmdline, "uses_cuda": info.uses_cuda},
+        "target": {"pid": info.pid, "cmdline": info.cmdline, "uses_cuda": info.uses_cuda,
+                   "requested_pid": requested},
         "window": {"start_unix": round(result.started_unix, 3), "seconds": round(result.observed_s, 3),
                    "requested_seconds": duration_s},
         "uses_cuda": info.uses_cuda,

@@ -52,6 +52,8 @@ def target_facts(ev: Evidence) -> dict[str, Any]:
         "python": proc.get("python") or ctx.get("python"),
         "threads": main.get("num_threads") or ctx.get("threads"),
         "workers": workers,
+        "requested_pid": ctx.get("requested_pid", ctx.get("pid")),
+        "ranks": [{"pid": w["pid"]} for w in workers if w["role"] == "rank"],
     }
 
 

@@ -94,6 +94,9 @@ class ProcessProbe(Probe):
         env = {str(p): _environ(root, p) for p, _ in tree0}
         parents = {str(p): pp for p, pp in tree0}
         libs = _libraries(root, spec.pid)
+        for p, _ in tree0:   # ranks under a launcher load CUDA, the launcher does not
+            if p != spec.pid and "LOCAL_RANK" in env.get(str(p), {}):
+                libs = sorted(set(libs) | set(_libraries(root, p)))
         try:
             exe = os.readlink(procfs.path(root, f"proc/{spec.pid}/exe"))
         except OSError:

@@ -162,19 +162,64 @@ def _top_stacks(spans_by_stack: dict[tuple, float], total: float, n: int = 5) ->
 
 
 def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: dict[str, Any]) -> dict[str, Any]:
-    """Pure: thread traces -> the py-spy evidence (training thread breakdown, workers, timeline)."""
+    """Pure: thread traces -> the py-spy evidence (training thread breakdown, workers, timeline).
+
+    When the target is a launcher (torchrun) whose children train, each child is a rank: every rank
+    gets its own breakdown under `ranks`, and the top-level fields describe the first rank.
+    """
     main_pid = int(meta.get("pid") or (traces[0].pid if traces else 0))
     launch = float(meta.get("launch_unix") or 0.0)
-    main_traces = [t for t in traces if t.pid == main_pid]
-    training = _pick_training_thread(main_traces)
+    worker_pids = {t.pid for t in traces if pystacks.is_worker_trace(t)}
+    by_pid: dict[int, list[pystacks.ThreadTrace]] = defaultdict(list)
+    for t in traces:
+        by_pid[t.pid].append(t)
+    trainers = [pid for pid in by_pid if pid not in worker_pids and _busy_seconds(by_pid[pid]) > 0]
+    rank_pids = sorted(pid for pid in trainers if pid != main_pid and main_pid in _ancestry(by_pid[pid]))
     out: dict[str, Any] = {
         "pid": main_pid, "rate_hz": meta.get("rate_hz"), "nonblocking": meta.get("nonblocking", True),
-        "anchor_unix": launch, "threads_seen": len(traces),
-        "processes_seen": sorted({t.pid for t in traces}),
+        "anchor_unix": launch, "threads_seen": len(traces), "processes_seen": sorted(by_pid),
     }
-    if training is None:
+    main_view = _trainer_view(main_pid, by_pid, traces, worker_pids, source, launch, single=not rank_pids)
+    launcher = bool(rank_pids) and (main_view is None or _training_share(main_view) < 0.1)
+    if rank_pids:
+        out["ranks"] = [v for v in (_trainer_view(p, by_pid, traces, worker_pids, source, launch, single=False)
+                                    for p in rank_pids) if v is not None]
+    out["launcher"] = launcher
+    # A launcher (torchrun) does no training itself: the top-level view is the rank that waits on
+    # data the most (the likely straggler); every rank is under `ranks`.
+    top = max(out["ranks"], key=_data_share) if (launcher and out.get("ranks")) else main_view
+    if top is None:
         out["training_thread"] = None
         return out
+    out.update({k: top[k] for k in ("training_thread", "timeline", "other_threads", "workers")})
+    return out
+
+
+def _training_share(view: dict[str, Any]) -> float:
+    bd = view["training_thread"]["breakdown"]
+    return sum(v for k, v in bd.items() if k != "other")
+
+
+def _data_share(view: dict[str, Any]) -> float:
+    bd = view["training_thread"]["breakdown"]
+    return bd.get("data_wait", 0.0) + bd.get("data_load", 0.0)
+
+
+def _ancestry(traces: list[pystacks.ThreadTrace]) -> tuple[int, ...]:
+    return max((t.ancestry for t in traces), key=len, default=())
+
+
+def _busy_seconds(traces: list[pystacks.ThreadTrace]) -> float:
+    return sum(sp.seconds for t in traces for sp in t.spans if not pystacks.is_idle_stack(sp.stack))
+
+
+def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], traces: list[pystacks.ThreadTrace],
+                  worker_pids: set[int], source: dict[str, str], launch: float, single: bool) -> dict[str, Any] | None:
+    """The training thread of one process (the target, or one rank), its other threads and workers."""
+    own = by_pid.get(pid, [])
+    training = _pick_training_thread(own)
+    if training is None:
+        return None
     by_cat: dict[str, float] = defaultdict(float)
     by_stack: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     timeline: list[list[Any]] = []
@@ -190,35 +235,44 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         else:
             timeline.append([sp.t0, sp.t1, cat])
     total = sum(by_cat.values())
-    t_first = training.spans[0].t0
-    t_last = training.spans[-1].t1
-    out["training_thread"] = {
+    busy = sum(sp.seconds for sp in training.spans if not pystacks.is_idle_stack(sp.stack))
+    tt: dict[str, Any] = {
         "pid": training.pid, "tid": training.os_tid, "name": training.name,
-        "seconds": round(total, 3),
+        "seconds": round(total, 3), "busy_fraction": round(busy / total, 4) if total else 0.0,
         "breakdown": _fractions(by_cat, total, pystacks.TRAIN_CATEGORIES),
         "seconds_by_category": {c: round(by_cat.get(c, 0.0), 4) for c in pystacks.TRAIN_CATEGORIES},
         "top_stacks": {c: _top_stacks(by_stack[c], total) for c in by_stack},
         "worker_startup_seconds": round(worker_startup, 4),
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
-        "observed_from": round(t_first, 4), "observed_to": round(t_last, 4),
+        "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
     }
-    out["timeline"] = [[round(launch + a, 4), round(launch + b, 4), c] for a, b, c in timeline]
-    # Other threads of the main process (a busy logging thread shows up here).
+    load_cats: dict[str, float] = defaultdict(float)
+    for st, sec in by_stack.get("data_load", {}).items():
+        load_cats[_inloop_kind(st)] += sec
+    lt = sum(load_cats.values())
+    tt["data_load_breakdown"] = _fractions(load_cats, lt, ("getitem", "transform", "collate", "other")) if lt else {}
     others = []
-    for t in main_traces:
+    for t in own:
         if t is training:
             continue
-        busy = sum(sp.seconds for sp in t.spans if not pystacks.is_idle_stack(sp.stack))
+        b = sum(sp.seconds for sp in t.spans if not pystacks.is_idle_stack(sp.stack))
         others.append({"tid": t.os_tid, "name": t.name, "seconds": round(t.seconds, 3),
-                       "busy_fraction": round(busy / t.seconds, 4) if t.seconds else 0.0,
+                       "busy_fraction": round(b / t.seconds, 4) if t.seconds else 0.0,
                        "top": _top_stacks(_stack_seconds(t), t.seconds, 3)})
-    out["other_threads"] = sorted(others, key=lambda o: -o["busy_fraction"])
-    # DataLoader workers: any process whose main thread runs torch's _worker_loop.
+    mine = [t for t in traces if t.pid in worker_pids and (single or pid in t.ancestry)]
+    return {"pid": pid, "training_thread": tt,
+            "timeline": [[round(launch + a, 4), round(launch + b, 4), c] for a, b, c in timeline],
+            "other_threads": sorted(others, key=lambda o: -o["busy_fraction"]),
+            "workers": _workers_view(mine)}
+
+
+def _workers_view(traces: list[pystacks.ThreadTrace]) -> dict[str, Any]:
+    """DataLoader workers: the main thread of each process that runs torch's _worker_loop."""
     workers = []
     w_total: dict[str, float] = defaultdict(float)
     w_stacks: dict[tuple, float] = defaultdict(float)
     for t in traces:
-        if t.pid == main_pid or not pystacks.is_worker_trace(t):
+        if not pystacks.is_worker_trace(t):
             continue
         cats: dict[str, float] = defaultdict(float)
         for sp in t.spans:
@@ -231,19 +285,12 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         workers.append({"pid": t.pid, "tid": t.os_tid, "seconds": round(tot, 3),
                         "breakdown": _fractions(cats, tot, pystacks.WORKER_CATEGORIES)})
     wsum = sum(w_total.values())
-    out["workers"] = {
+    return {
         "count": len({w["pid"] for w in workers}), "per_worker": workers,
         "breakdown": _fractions(w_total, wsum, pystacks.WORKER_CATEGORIES),
         "busy_fraction": round(1.0 - (w_total.get("idle", 0.0) / wsum), 4) if wsum else None,
         "top_stacks": _top_stacks(w_stacks, sum(w_stacks.values()) or 1.0),
     }
-    # In-loop loading (num_workers=0): what inside it, split like a worker's time.
-    load_cats: dict[str, float] = defaultdict(float)
-    for st, s in by_stack.get("data_load", {}).items():
-        load_cats[_inloop_kind(st)] += s
-    lt = sum(load_cats.values())
-    out["training_thread"]["data_load_breakdown"] = _fractions(load_cats, lt, ("getitem", "transform", "collate", "other")) if lt else {}
-    return out
 
 
 def _inloop_kind(stack: tuple) -> str:

@@ -49,6 +49,11 @@ class ThreadTrace:
     os_tid: int | None
     name: str | None
     spans: list[Span]
+    ancestry: tuple[int, ...] = ()   # process ids from the traced root down to this process
+
+    @property
+    def parent_pid(self) -> int | None:
+        return self.ancestry[-2] if len(self.ancestry) >= 2 else None
 
     @property
     def seconds(self) -> float:
@@ -62,36 +67,50 @@ _PROCESS_FRAME = re.compile(r'^process (\d+):')
 def read_chrometrace(events: list[dict[str, Any]]) -> list[ThreadTrace]:
     """py-spy `record -f chrometrace` -> one ThreadTrace per (pid, thread).
 
-    py-spy writes B/E events only when a thread's stack changes, so the stack open at a moment is
-    what was sampled from then until the next change. Pseudo-frames that py-spy prepends
-    (`process PID:"cmd"` with --subprocesses, `thread (TID): name` with --threads) are lifted
-    out of the stack into the ThreadTrace.
+    py-spy writes B/E events only when a thread's stack changes from the previous sample *of the same
+    thread id*, and it keys that comparison by the pthread id alone. Forked DataLoader workers share
+    their parent's pthread ids, so one event stream interleaves several processes. The stream is
+    therefore replayed per thread id, in file order: each group of events with one (pid, timestamp)
+    is one sample of that pid, and the stack after applying it is exactly what was sampled. A pid's
+    stack then holds until its next sample. Pseudo-frames that py-spy prepends (`process PID:"cmd"`
+    with --subprocesses, `thread (TID): name` with --threads) are lifted into the ThreadTrace.
     """
-    open_stacks: dict[tuple[int, int], list[Frame]] = {}
-    last_ts: dict[tuple[int, int], float] = {}
-    traces: dict[tuple[int, int], ThreadTrace] = {}
-    for ev in sorted(events, key=lambda e: (e.get("ts", 0), 0 if e.get("ph") == "E" else 1)):
+    stacks: dict[int, list[Frame]] = {}
+    group: dict[int, tuple[int, float]] = {}            # tid -> (pid, ts) of the group being read
+    samples: dict[tuple[int, int], list[tuple[float, tuple[Frame, ...]]]] = {}
+
+    def close(tid: int) -> None:
+        if tid in group:
+            pid, ts = group.pop(tid)
+            samples.setdefault((pid, tid), []).append((ts, tuple(stacks.get(tid, ()))))
+
+    for ev in events:
         ph = ev.get("ph")
         if ph not in ("B", "E"):
             continue
-        key = (int(ev["pid"]), int(ev["tid"]))
-        ts = float(ev["ts"]) / 1e6
-        stack = open_stacks.setdefault(key, [])
-        tr = traces.get(key)
-        if tr is None:
-            tr = traces[key] = ThreadTrace(key[0], key[1], None, None, [])
-        prev = last_ts.get(key)
-        if prev is not None and ts > prev and stack:
-            _append(tr, prev, ts, tuple(stack))
-        last_ts[key] = ts
+        tid, pid, ts = int(ev["tid"]), int(ev["pid"]), float(ev.get("ts", 0)) / 1e6
+        if group.get(tid) != (pid, ts):
+            close(tid)
+            group[tid] = (pid, ts)
+        stack = stacks.setdefault(tid, [])
         if ph == "B":
             args = ev.get("args") or {}
             stack.append(Frame(str(ev.get("name", "")), str(args.get("filename") or ""), int(args.get("line") or 0)))
         elif stack:
             stack.pop()
-    for tr in traces.values():
+    for tid in list(group):
+        close(tid)
+
+    traces: list[ThreadTrace] = []
+    for (pid, tid), seq in samples.items():
+        tr = ThreadTrace(pid, tid, None, None, [])
+        for (t0, st), (t1, _next) in zip(seq, seq[1:]):
+            if st and t1 > t0:
+                _append(tr, t0, t1, st)
         _lift_pseudo_frames(tr)
-    return [t for t in traces.values() if t.spans]
+        if tr.spans:
+            traces.append(tr)
+    return traces
 
 
 def _append(tr: ThreadTrace, t0: float, t1: float, stack: tuple[Frame, ...]) -> None:
@@ -104,6 +123,7 @@ def _append(tr: ThreadTrace, t0: float, t1: float, stack: tuple[Frame, ...]) -> 
 def _lift_pseudo_frames(tr: ThreadTrace) -> None:
     for sp in tr.spans:
         kept = []
+        chain: list[int] = []
         for f in sp.stack:
             if not f.filename:
                 m = _THREAD_FRAME.match(f.name)
@@ -111,10 +131,14 @@ def _lift_pseudo_frames(tr: ThreadTrace) -> None:
                     tr.os_tid = int(m.group(1))
                     tr.name = m.group(2) or tr.name
                     continue
-                if _PROCESS_FRAME.match(f.name):
+                pm = _PROCESS_FRAME.match(f.name)
+                if pm:
+                    chain.append(int(pm.group(1)))
                     continue
             kept.append(f)
         sp.stack = tuple(kept)
+        if len(chain) > len(tr.ancestry):
+            tr.ancestry = tuple(chain)
 
 
 # -- what code is whose --------------------------------------------------------------------------

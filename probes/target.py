@@ -170,3 +170,28 @@ def is_alive(pid: int, root: str = "/") -> bool:
         return procfs.parse_stat(text)["state"] not in ("Z", "X")
     except (ValueError, IndexError):
         return False
+
+
+def launcher_of(pid: int, root: str = "/") -> int | None:
+    """If `pid` is one rank of a multi-rank job (LOCAL_RANK set, a Python parent with other ranks as
+    children, as under torchrun), the launcher's PID; else None. Reads only LOCAL_RANK."""
+    try:
+        env = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ"), ("LOCAL_RANK",))
+    except Exception:  # noqa: BLE001 - unreadable environ: not known to be a rank
+        return None
+    if "LOCAL_RANK" not in env:
+        return None
+    try:
+        parent = inspect(inspect(pid, root).ppid, root)
+    except Exception:  # noqa: BLE001
+        return None
+    if not parent.is_python:
+        return None
+    siblings = 0
+    for kid in parent.children:
+        try:
+            kenv = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{kid}/environ"), ("LOCAL_RANK",))
+        except Exception:  # noqa: BLE001
+            continue
+        siblings += "LOCAL_RANK" in kenv
+    return parent.pid if siblings >= 2 else None

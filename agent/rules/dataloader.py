@@ -45,49 +45,102 @@ def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple
     return w, times[w]
 
 
-def _model_inputs(ev: Evidence, f: float, f_wait: float, f_load: float, w_now: int,
+def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: float, f_load: float, w_now: int,
                   facts: list[Fact]) -> dict[str, Any]:
+    """C, D, U, P for one training process (the target, or one rank) from the process evidence."""
     proc = ev.get("process")
     c = max(1.0 - f, 0.02)
+    me = None
     if proc:
-        p = float(proc["cpus_available"])
-        w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("cpu_cores") is not None]
+        me = next((x for x in proc["processes"] if x["pid"] == trainer_pid), None) if trainer_pid else None
+        if me is None and n_trainers == 1:
+            me = next((x for x in proc["processes"] if x["role"] == "main"), None)
+    if proc and me is not None:
+        # Ranks on one node share its CPUs: each may count on its fair share.
+        p = float(proc["cpus_available"]) / max(n_trainers, 1)
+        w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
+                  and x.get("cpu_cores") is not None]
         w_now = max(w_now, len([x for x in w_proc if x["alive_at_end"]]))
         worker_cores = sum(x["cpu_cores"] for x in w_proc)
-        main_cores = float(proc["main"].get("cpu_cores") or 0.0)
-        u = float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
+        main_cores = float(me.get("cpu_cores") or 0.0)
+        u = main_cores + worker_cores if n_trainers > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
         d = worker_cores + f_load if w_now else f_load
         if d <= 0:
             d = f
         loop_cores = max(1.0, (main_cores - f_load) / c)
-        facts += [Fact("process", "CPUs the job may use (affinity, cgroup quota)", p),
-                  Fact("process", "CPU cores the job used over the window (main + workers)", round(u, 2)),
+        share = f" (1/{n_trainers} of {proc['cpus_available']:g}, shared by {n_trainers} ranks)" if n_trainers > 1 else ""
+        facts += [Fact("process", "CPUs the training process may use (affinity, cgroup quota)" + share, round(p, 2)),
+                  Fact("process", "CPU cores it and its workers used over the window", round(u, 2)),
                   Fact("process", "cores the training process uses while it computes", round(loop_cores, 2)),
                   Fact("process", "DataLoader worker processes", w_now)]
         churn = proc.get("worker_churn", {}) or {}
         return {"c": c, "d": d, "u": u, "p": p, "loop": loop_cores, "w_now": w_now, "known_p": True,
                 "uses_cuda": bool(proc.get("uses_cuda")),
                 "recreated": bool(churn.get("appeared") or churn.get("vanished"))}
-    p = float(ev.context.get("cpus_available") or 0.0)
+    p = float(ev.context.get("cpus_available") or 0.0) / max(n_trainers, 1)
     return {"c": c, "d": f, "u": 1.0 + w_now, "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now,
             "known_p": bool(p), "uses_cuda": bool(ev.context.get("uses_cuda")), "recreated": False}
+
+
+def trainers(spy: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training processes py-spy saw: each rank of a multi-rank job, else the target itself."""
+    if spy.get("ranks"):
+        return [r for r in spy["ranks"] if r.get("training_thread")]
+    if spy.get("training_thread"):
+        return [{"pid": spy["training_thread"].get("pid") or spy.get("pid"), "training_thread": spy["training_thread"],
+                 "workers": spy.get("workers") or {}}]
+    return []
+
+
+def data_share(tt: dict[str, Any]) -> float:
+    return tt["breakdown"].get("data_wait", 0.0) + tt["breakdown"].get("data_load", 0.0)
+
+
+def collective_wait_share(ev: Evidence, rank: dict[str, Any]) -> float | None:
+    """Share of a rank's training thread spent off-CPU outside data waits: with ranks in lockstep,
+    time spent waiting in collectives for a slower rank. Needs the process probe's thread CPU."""
+    proc = ev.get("process")
+    if not proc:
+        return None
+    me = next((x for x in proc["processes"] if x["pid"] == rank["pid"]), None)
+    if me is None:
+        return None
+    th = next((t for t in me["threads"] if t["tid"] == rank["pid"]), None)
+    if th is None or th.get("cpu_fraction") is None:
+        return None
+    bd = rank["training_thread"]["breakdown"]
+    return max(0.0, 1.0 - th["cpu_fraction"] - bd.get("data_wait", 0.0))
 
 
 @rule("dataloader.starved", requires=("pyspy",), uses=("process",),
       description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
 def dataloader_starved(ev: Evidence) -> Finding | None:
     spy = ev.get("pyspy") or {}
-    tt = spy.get("training_thread")
-    if not tt:
+    ranks = trainers(spy)
+    if not ranks:
         return None
+    worst = max(ranks, key=lambda r: data_share(r["training_thread"]))
+    multi = len(ranks) > 1
+    tt = worst["training_thread"]
     bd = tt["breakdown"]
     f_wait, f_load = bd.get("data_wait", 0.0), bd.get("data_load", 0.0)
     f = f_wait + f_load
     if f < STARVED_SHARE:
         return None
-    workers_spy = spy.get("workers", {}) or {}
+    workers_spy = worst.get("workers", {}) or {}
     inloop = f_load >= f_wait
-    facts = [Fact("pyspy", "share of the training thread waiting for or loading batches", round(f, 3))]
+    who = f"rank PID {worst['pid']}: " if multi else ""
+    facts = [Fact("pyspy", who + "share of the training thread waiting for or loading batches", round(f, 3))]
+    if multi:
+        for r in ranks:
+            if r is worst:
+                continue
+            wait = collective_wait_share(ev, r)
+            facts.append(Fact("pyspy", f"rank PID {r['pid']}: share waiting for or loading its own batches",
+                              round(data_share(r["training_thread"]), 3)))
+            if wait is not None:
+                facts.append(Fact("process", f"rank PID {r['pid']}: share of its step off-CPU in forward/backward "
+                                  f"(waiting in collectives for the straggler, not for its own data)", round(wait, 3)))
     top_tt = tt.get("top_stacks", {})
     top = top_tt.get("data_load") if inloop else top_tt.get("data_wait")
     if inloop:
@@ -102,7 +155,7 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     if workers_spy.get("count") and worker_top:
         facts.append(Fact("pyspy", "hottest worker stack: " + " > ".join(worker_top[0]["stack"][-3:]),
                           worker_top[0]["fraction"]))
-    m = _model_inputs(ev, f, f_wait, f_load, int(workers_spy.get("count") or 0), facts)
+    m = _model_inputs(ev, worst["pid"], len(ranks), f, f_load, int(workers_spy.get("count") or 0), facts)
     c, d, u, p, w_now = m["c"], m["d"], m["u"], m["p"], m["w_now"]
     recreated = m["recreated"] or tt.get("worker_startup_seconds", 0) > 0
     if tt.get("worker_startup_seconds", 0) > 0:
@@ -159,8 +212,13 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
     title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
              else f"The training loop waits on the DataLoader {pct(f)} of the time")
+    if multi:
+        title = (f"Rank PID {worst['pid']} is the straggler: " + title[0].lower() + title[1:]
+                 + f"; the other {len(ranks) - 1} rank(s) wait for it in collectives")
+        bound += "; ranks step in lockstep, so the job's step is the straggler's"
     return Finding("dataloader.starved", title, max(speedup, 1.0), bound, conf, facts, fixes, risk="low",
-                   details={"data_share": round(f, 4), "proposed_num_workers": w_prop, "current_num_workers": w_now,
+                   details={"data_share": round(f, 4), "rank_pid": worst["pid"] if multi else None,
+                            "ranks": len(ranks), "proposed_num_workers": w_prop, "current_num_workers": w_now,
                             "cpus_available": p, "settings_help": settings_help,
                             "dataloader_kwargs": kwargs,
                             "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,

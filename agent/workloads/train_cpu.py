@@ -38,6 +38,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gil-spinner", action="store_true",
                     help="start a thread that spins in pure Python (holds the GIL) beside the loop")
     ap.add_argument("--report-every", type=float, default=1.0)
+    ap.add_argument("--ddp", action="store_true",
+                    help="under torchrun: DistributedDataParallel over gloo (CPU) or nccl (--device cuda)")
+    ap.add_argument("--starved-rank", type=int, default=None,
+                    help="with --ddp: only this rank loads costly samples; the others have data in memory")
     return ap.parse_args(argv)
 
 
@@ -108,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ddp = args.ddp and world > 1
+    if ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if args.starved_rank is not None and rank != args.starved_rank:
+            args.sample_work, args.small_files = 0, None
     if args.sample_work <= 0 and not args.small_files:
         batches = iter(InMemory(args.batch_size, args.features))
         loader = None
@@ -142,9 +156,18 @@ def main(argv: list[str] | None = None) -> int:
             n += 1
             now = time.time()
             if now - t_last >= args.report_every:
-                print(f"PROGRESS t={now:.3f} steps={n} steps_per_s={(n - n_last) / (now - t_last):.2f}", flush=True)
+                print(f"PROGRESS t={now:.3f} steps={n} steps_per_s={(n - n_last) / (now - t_last):.2f}"
+                      + (f" rank={rank}" if world > 1 else ""), flush=True)
                 t_last, n_last = now, n
-            if now >= deadline:
+            if ddp:
+                if n % 20 == 0:
+                    # Ranks stop together, or one would wait forever in the next all-reduce.
+                    import torch.distributed as dist
+                    flag = torch.tensor([1.0 if now >= deadline else 0.0])
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    if flag.item() > 0:
+                        break
+            elif now >= deadline:
                 break
     except KeyboardInterrupt:
         pass
