@@ -191,6 +191,10 @@ def evaluate(checks: list[CheckSpec], reads: Reads, profile: dict[str, Any],
         t0 = time.monotonic()
         timed_out = False
         try:
+            for name in spec.reads:  # a read that hung fails its checks, whether they read it or not
+                rec = reads.get(name)
+                if rec is not None and rec.get("timed_out"):
+                    raise MissingRead(name, rec)
             res = spec.fn(reads, profile)
             results = res if isinstance(res, list) else [res]
         except MissingRead as miss:
