@@ -23,6 +23,13 @@ class _PreflightCommand(click.Command):
             exc.exit_code = BAD_INPUT
             raise
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            exc.exit_code = BAD_INPUT
+            raise
+
 
 def _indices(value: str | None, what: str) -> list[int] | None:
     if value is None or value.strip() == "":

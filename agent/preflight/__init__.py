@@ -75,4 +75,6 @@ def gib(nbytes: float | int | None) -> str:
         return f"{g:.0f} GiB"
     if g >= 1:
         return f"{g:.1f} GiB"
-    return f"{nbytes / (1 << 20):.0f} MiB"
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.0f} MiB"
+    return f"{nbytes / 1024:.0f} KiB"

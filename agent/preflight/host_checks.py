@@ -115,16 +115,17 @@ def swap(r: Reads, p: dict[str, Any]) -> Result:
     max_used = float(p["host"]["max_swap_used_gib"]) * GIB
     observed = "none" if not total else f"{gib(total)}, {gib(used)} in use"
     expected = ("no swap" if mode == "off" else "any") + f"; <= {gib(max_used)} in use"
+    details = {"SwapTotal": total, "SwapFree": free}
     if mode == "off" and total:
         return Result("warn", observed, expected, "swap is configured on a node that should have none",
                       remediation="swapoff -a (and remove the swap entry from /etc/fstab)",
-                      value=used, unit="bytes", source="/proc/meminfo")
+                      value=used, unit="bytes", source="/proc/meminfo", details=details)
     if used > max_used:
         return Result("warn", observed, expected, f"{gib(used)} of swap in use: memory pressure before the job starts",
                       remediation="find what was swapped out (grep VmSwap /proc/*/status | sort -k2 -n | tail)",
-                      value=used, unit="bytes", source="/proc/meminfo")
+                      value=used, unit="bytes", source="/proc/meminfo", details=details)
     return Result("ok", observed, expected, "no swap" if not total else f"{gib(used)} of swap in use",
-                  value=used, unit="bytes", source="/proc/meminfo")
+                  value=used, unit="bytes", source="/proc/meminfo", details=details)
 
 
 @check("host.shm", "host", ("shm",))
