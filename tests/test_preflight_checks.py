@@ -431,3 +431,108 @@ def test_trees_hold_only_what_preflight_reads():
     mounts = (TREES / "base/proc/self/mounts").read_text().splitlines()
     assert mounts and all(ln.split()[1] == "/dev/shm" for ln in mounts)
     assert not (TREES / "base/proc/sys/kernel/hostname").exists()
+
+
+# -- the NVML reader's plumbing, with NVML faked at its boundary ------------------------------------
+
+def _fake_pynvml():
+    """pynvml's constants and structures, with functions that return what an idle H200 returned
+    (tests/data/h200/host/nvidia-smi-q.txt) in the types pynvml returns them."""
+    import ctypes
+    import types
+
+    import pynvml as real
+
+    def ns(*a):
+        raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+
+    def field_values(h, ids):
+        arr = (real.c_nvmlFieldValue_t * len(ids))()
+        arr[0].fieldId, arr[0].nvmlReturn, arr[0].valueType, arr[0].value.uiVal = ids[0], 0, 1, 0
+        return arr
+
+    def memory(h, version=None):
+        m = real.c_nvmlMemory_v2_t()
+        m.total, m.reserved, m.used, m.free = 143771 << 20, 616 << 20, 0, 143156 << 20
+        return m
+
+    m = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if k.startswith(("NVML_", "nvmlMemory"))})
+    m.__dict__.update(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlSystemGetDriverVersion=lambda: "580.159.04",
+        nvmlSystemGetCudaDriverVersion=lambda: 13000, nvmlSystemGetNVMLVersion=lambda: "13.580.159.04",
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: object(),
+        nvmlDeviceGetName=lambda h: "NVIDIA H200", nvmlDeviceGetUUID=lambda h: "GPU-6e4e17a9",
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=b"00000000:00:06.0"),
+        nvmlDeviceGetVbiosVersion=lambda h: "96.00.A5.00.1A", nvmlDeviceGetPersistenceMode=lambda h: 1,
+        nvmlDeviceGetComputeMode=lambda h: 0, nvmlDeviceGetMigMode=lambda h: [0, 0],
+        nvmlDeviceGetEccMode=lambda h: [1, 1], nvmlDeviceGetTotalEccErrors=lambda h, t, c: 0,
+        nvmlDeviceGetMemoryErrorCounter=lambda h, t, c, loc: 0, nvmlDeviceGetRemappedRows=lambda h: (0, 0, 0, 0),
+        nvmlDeviceGetRetiredPages=ns, nvmlDeviceGetRetiredPagesPendingStatus=ns,
+        nvmlDeviceGetFieldValues=field_values, nvmlDeviceGetCurrentClocksEventReasons=lambda h: 1,
+        nvmlDeviceGetClockInfo=lambda h, c: 345, nvmlDeviceGetMaxClockInfo=lambda h, c: 1980,
+        nvmlDeviceGetTemperature=lambda h, s: 39, nvmlDeviceGetTemperatureThreshold=ns,
+        nvmlDeviceGetPowerUsage=lambda h: 81150, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
+        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 700000,
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 5, nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5, nvmlDeviceGetMaxPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetGpuMaxPcieLinkGeneration=lambda h: 5, nvmlDeviceGetPcieReplayCounter=lambda h: 0,
+        nvmlDeviceGetNvLinkState=ns, nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=4242, usedGpuMemory=None)],
+        nvmlDeviceGetMemoryInfo=memory, nvmlDeviceGetNumaNodeId=ns,
+        nvmlDeviceGetCpuAffinity=lambda h, n: (ctypes.c_ulonglong * n)(0xFFFF))
+    return m
+
+
+class _FakeNvml(Nvml):
+    def open(self):
+        self.pynvml = _fake_pynvml()
+
+
+def test_nvml_reader_turns_pynvml_types_into_json():
+    out = gpuhealth.read_gpus(nvml_factory=_FakeNvml)
+    json.dumps(out)                                      # plain JSON all the way down
+    g = out["gpus"][0]
+    assert g["bus_id"] == "00000000:00:06.0" and g["recovery_action"] == 0
+    assert g["memory"] == {"total": 143771 << 20, "used": 0, "free": 143156 << 20, "reserved": 616 << 20}
+    assert g["cpu_affinity"]["cpulist"] == "0-15"
+    assert g["retired_pages"]["single_bit"] == {"na": "not supported on this GPU or driver"}
+    assert g["nvlink"] == {"supported": False, "reason": "not supported on this GPU or driver"}
+    assert g["processes"] == [{"pid": 4242, "type": "compute", "used_memory_bytes": None}]
+    assert set(out["timing"]) >= {"ecc", "pcie", "processes"}
+    # What it read judges like the nvidia-smi capture of the same GPU, except the process it lists.
+    recs = run_gpu(out)
+    assert recs[("gpu.busy", "gpu0")].result.status == "critical"
+    assert all(r.result.status == "ok" for k, r in recs.items() if k[0] != "gpu.busy")
+
+
+# -- conformance -------------------------------------------------------------------------------------
+
+def test_every_check_is_registered_once_reads_what_exists_and_is_documented():
+    from agent.preflight.engine import CATEGORY_TIER, all_checks
+    from agent.preflight.runner import READS
+    from tests.helpers import REPO
+    readme = (REPO / "README.md").read_text()
+    checks = all_checks()
+    ids = [c.id for c in checks]
+    assert len(ids) == len(set(ids))
+    for c in checks:
+        assert c.category in CATEGORY_TIER and c.id.split(".")[0] == c.category
+        assert set(c.reads) <= set(READS), c.id
+        assert f"`{c.id}`" in readme, f"{c.id} is not in the README"
+
+
+H200_FIXTURE = TREES.parent / "gpu" / "h200-raw.json"
+
+
+@pytest.mark.skipif(not H200_FIXTURE.exists(), reason="the H200 raw reads are not captured yet: run "
+                    "benchmarks/preflight_gpu.sh on the GPU node and save h200-raw.json there")
+def test_h200_raw_reads_replay():
+    raw = json.loads(H200_FIXTURE.read_text())
+    _, records, _ = run(Context(profile=profiles.load("h200-1gpu")), ("gpu", "active"), replay=raw)
+    recs = {(r.check, r.result.target): r.result for r in records}
+    assert recs[("gpu.count", None)].status == "ok"
+    assert recs[("gpu.pcie_link", "gpu0")].observed.startswith("Gen5 x16")
+    assert not [k for k, r in recs.items() if r.status == "critical"]
+    assert recs[("active.matmul", "gpu0")].status == "ok"
+    assert recs[("active.gemm", "gpu0")].value > 0.25 * 989
+    assert recs[("active.h2d_bandwidth", "gpu0")].value > 0.35 * 63

@@ -226,3 +226,38 @@ def test_prometheus_option_writes_a_parsable_file(tmp_path):
     fams = {f.name: f for f in text_string_to_metric_families(out.read_text())}
     assert len(fams["trainprobe_preflight_check_status"].samples) == len(r.json()["checks"])
     assert fams["trainprobe_preflight_exit_code"].samples[0].value == r.rc
+
+
+def test_slurm_healthcheck_wrapper_drains_and_resumes_only_its_own(tmp_path):
+    """scripts/slurm-healthcheck.sh with sinfo and scontrol stubbed at the Slurm boundary (no Slurm here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    (bin_dir / "sinfo").write_text('#!/bin/sh\nprintf "%s\\n" "$CURRENT_REASON"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    cpu_only = limits_profile(tmp_path, "cpu-only", gpu={"count": 0})
+    rdma = limits_profile(tmp_path, "rdma", gpu={"count": 0}, host={"memlock_status": "critical"})
+    ml_hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+
+    def wrapper(profile, current, limits):
+        calls.unlink(missing_ok=True)
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TRAINPROBE=f"{PY} -m agent",
+                   TRAINPROBE_PREFLIGHT_ARGS=f"--profile {profile}", CURRENT_REASON=current, SLURMD_NODENAME="n1")
+
+        def pre():
+            for res, val in limits.items():
+                resource.setrlimit(res, val)
+        p = subprocess.run(["sh", str(REPO / "scripts/slurm-healthcheck.sh")], cwd=REPO, env=env, timeout=120,
+                           capture_output=True, text=True, preexec_fn=pre)
+        assert p.returncode == 0
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    low = {**HEALTHY_LIMITS, resource.RLIMIT_MEMLOCK: (65536, ml_hard)}
+    got = wrapper(rdma, "", low)
+    assert len(got) == 1 and got[0].startswith("update NodeName=n1 State=DRAIN Reason=trainprobe: host.memlock:")
+    # Healthy again: it resumes the node it drained, and leaves an administrator's drain alone.
+    assert wrapper(cpu_only, "trainprobe: host.memlock: RLIMIT_MEMLOCK is 64 KiB", HEALTHY_LIMITS) == \
+        ["update NodeName=n1 State=RESUME"]
+    assert wrapper(cpu_only, "fan 3 noisy [admin@2026-01-01]", HEALTHY_LIMITS) == []

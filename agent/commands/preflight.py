@@ -68,6 +68,7 @@ def _indices(value: str | None, what: str) -> list[int] | None:
 @click.option("--skip", multiple=True, metavar="CHECK",
               help="Skip a check id or prefix (repeatable): --skip host.thp --skip 'trainprobe.*'.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1.0, 3600.0), default=45.0, show_default=True,
+              metavar="SECONDS",
               help="Overall deadline in seconds (Slurm kills a HealthCheckProgram after 60 s); each read also has "
                    "its own timeout from the profile.")
 @click.option("-v", "--verbose", is_flag=True, help="Explain every check, not only the problems.")
