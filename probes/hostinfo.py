@@ -46,14 +46,15 @@ def host_identity(root: str = "/") -> dict[str, Any]:
 
 def read_cpus(root: str = "/", job_cpus: list[int] | None = None) -> dict[str, Any]:
     """online/present/possible cpulists, and the CPUs the job may use (given, or this process's)."""
+    source = "given" if job_cpus is not None else None
     if job_cpus is None and root == "/" and hasattr(os, "sched_getaffinity"):
-        job_cpus = sorted(os.sched_getaffinity(0))
+        job_cpus, source = sorted(os.sched_getaffinity(0)), "sched_getaffinity"
     return {
         "online": _opt(root, "sys/devices/system/cpu/online"),
         "present": _opt(root, "sys/devices/system/cpu/present"),
         "possible": _opt(root, "sys/devices/system/cpu/possible"),
         "job_cpus": procfs.format_cpulist(job_cpus) if job_cpus else None,
-        "job_cpus_source": "given" if job_cpus is not None and root != "/" else "sched_getaffinity",
+        "job_cpus_source": source,
     }
 
 
@@ -426,16 +427,24 @@ def read_probe_prerequisites(root: str = "/") -> dict[str, Any]:
         "ptrace_scope": _opt(root, "proc/sys/kernel/yama/ptrace_scope"),
         "perf_event_paranoid": _opt(root, "proc/sys/kernel/perf_event_paranoid"),
         "pmus": pmus,
-        "tracefs": {
-            "/sys/kernel/tracing": os.path.isdir(procfs.path(root, "sys/kernel/tracing/events")),
-            "/sys/kernel/debug/tracing": os.path.isdir(procfs.path(root, "sys/kernel/debug/tracing/events")),
-        },
+        "tracefs": _tracefs(root),
         "btf": os.path.exists(procfs.path(root, "sys/kernel/btf/vmlinux")),
         "kernel_release": release,
         "headers": headers,
         "bcc": sorted(set(bcc_paths)),
         "py_spy": py_spy,
     }
+
+
+def _tracefs(root: str) -> dict[str, Any]:
+    """Where tracefs is mounted, and whether this user can reach its events (root-only by default)."""
+    mounts = procfs.try_read_text(root, "proc/self/mounts") or ""
+    points = [ln.split()[1] for ln in mounts.splitlines() if len(ln.split()) > 2 and ln.split()[2] == "tracefs"]
+    out: dict[str, Any] = {"mounts": points}
+    for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        ev = procfs.path(root, d.lstrip("/") + "/events")
+        out[d] = {"events": os.path.isdir(ev), "readable": os.access(ev, os.R_OK | os.X_OK)}
+    return out
 
 
 def _cap_eff(root: str) -> str | None:

@@ -261,3 +261,32 @@ def test_slurm_healthcheck_wrapper_drains_and_resumes_only_its_own(tmp_path):
     assert wrapper(cpu_only, "trainprobe: host.memlock: RLIMIT_MEMLOCK is 64 KiB", HEALTHY_LIMITS) == \
         ["update NodeName=n1 State=RESUME"]
     assert wrapper(cpu_only, "fan 3 noisy [admin@2026-01-01]", HEALTHY_LIMITS) == []
+
+
+def test_as_an_unprivileged_user(tmp_path):
+    """Without root the kernel log cannot be read: unknown with the fix, never a silent ok."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    exe = "/usr/bin/python3"
+    import sys
+    ver = subprocess.run([exe, "-c", "import sys;print(sys.version_info[:2])"], capture_output=True, text=True) \
+        if os.path.exists(exe) else None
+    if ver is None or ver.stdout.strip() != str(sys.version_info[:2]):
+        pytest.skip("no system python3 of the same version to run as an unprivileged user")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + site), NO_COLOR="1", HOME="/tmp")
+    p = subprocess.run([exe, "-m", "agent", "preflight", "--json"], cwd="/tmp", capture_output=True, text=True,
+                       env=env, user=65534, group=65534, extra_groups=[], timeout=120)
+    c = by_check(json.loads(p.stdout))
+    restrict = open("/proc/sys/kernel/dmesg_restrict").read().strip()
+    if restrict == "1":
+        kl = c[("host.kernel_log", None)]
+        assert kl["status"] == "unknown" and "dmesg_restrict=1" in kl["message"]
+        assert "run preflight as root" in kl["remediation"]
+    tr = c[("trainprobe.tracefs", None)]
+    ev = "/sys/kernel/tracing/events"
+    if os.path.isdir(ev) and not os.stat(ev).st_mode & 0o005:
+        # Mounted, but root-only: said as such, not as "not mounted".
+        assert tr["status"] == "warn" and tr["observed"] == "mounted at /sys/kernel/tracing, not readable"
+    assert tr["informational"]
+    assert c[("host.cpus_online", None)]["status"] == "ok"       # the rest still runs

@@ -71,10 +71,18 @@ def hw_counters(r: Reads, p: dict[str, Any]) -> Result:
 @check("trainprobe.tracefs", "trainprobe", ("prereqs",))
 def tracefs(r: Reads, p: dict[str, Any]) -> Result:
     t = r.data("prereqs").get("tracefs") or {}
-    where = [k for k, v in t.items() if v]
-    if where:
-        return Result("ok", f"mounted at {where[0]}", "mounted", "tracepoints are reachable", source=where[0])
-    return Result("warn", "not mounted", "mounted", "tracefs is not mounted: tracepoint probes cannot attach",
+    dirs = {k: v for k, v in t.items() if k.startswith("/") and isinstance(v, dict)}
+    usable = [k for k, v in dirs.items() if v.get("events") and v.get("readable")]
+    if usable:
+        return Result("ok", f"mounted at {usable[0]}", "mounted and readable", "tracepoints are reachable",
+                      source=usable[0])
+    if t.get("mounts") or any(v.get("events") for v in dirs.values()):
+        where = (t.get("mounts") or [k for k, v in dirs.items() if v.get("events")])[0]
+        return Result("warn", f"mounted at {where}, not readable", "mounted and readable",
+                      "tracefs is mounted but this user cannot read it: only root can attach tracepoint probes",
+                      remediation="run trainprobe as root", source=where)
+    return Result("warn", "not mounted", "mounted and readable",
+                  "tracefs is not mounted: tracepoint probes cannot attach",
                   remediation="mount -t tracefs nodev /sys/kernel/tracing", source="/sys/kernel/tracing")
 
 
