@@ -244,7 +244,7 @@ def _read_kmsg_device(path: str, deadline: float) -> list[str]:
     return records
 
 
-def read_kernel_log(root: str = "/", budget_s: float = 5.0) -> dict[str, Any]:
+def read_kernel_log(root: str = "/", budget_s: float = 3.0) -> dict[str, Any]:
     """Lines of /dev/kmsg that may matter, with the uptime and wall clock to place them in time.
 
     Needs read access to /dev/kmsg (root, or kernel.dmesg_restrict=0). In a captured tree,

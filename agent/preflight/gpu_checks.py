@@ -474,7 +474,8 @@ def pcie_link(r: Reads, p: dict[str, Any]) -> list[Result]:
         res.duration_s = _dur(r, "pcie")
         out.append(res)
     # GPUs that NVML does not see (no driver, or fallen off the bus) still have a link on the bus.
-    if d.get("error") or len(seen) < len(pci):
+    nvml_count = None if d.get("error") else _v(d.get("count"))
+    if nvml_count is None or nvml_count < len(pci):
         for dev in pci:
             if dev["bdf"] in seen:
                 continue
