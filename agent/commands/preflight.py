@@ -11,6 +11,7 @@ import click
 from agent.cli import App
 
 BAD_INPUT = 3  # Nagios UNKNOWN: a usage error must never read as "critical" (2) to a scheduler
+PASSIVE_DEADLINE_S = 45.0  # well inside the 60 s after which Slurm kills a HealthCheckProgram
 
 
 class _PreflightCommand(click.Command):
@@ -67,15 +68,14 @@ def _indices(value: str | None, what: str) -> list[int] | None:
               help="CPUs the job may use, for the GPU NUMA-affinity check. Default: this process's affinity.")
 @click.option("--skip", multiple=True, metavar="CHECK",
               help="Skip a check id or prefix (repeatable): --skip host.thp --skip 'trainprobe.*'.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1.0, 3600.0), default=45.0, show_default=True,
-              metavar="SECONDS",
-              help="Overall deadline in seconds (Slurm kills a HealthCheckProgram after 60 s); each read also has "
-                   "its own timeout from the profile.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1.0, 3600.0), default=None, metavar="SECONDS",
+              help="Overall deadline in seconds; each read also has its own timeout from the profile. Default: 45 "
+                   "(Slurm kills a HealthCheckProgram after 60 s), plus the active tier's budget with --active.")
 @click.option("-v", "--verbose", is_flag=True, help="Explain every check, not only the problems.")
 @click.pass_obj
 def command(app: App, profile_name: str | None, active: bool, as_json: bool, prom_file: str | None, slurm: bool,
             save_raw: str | None, replay_file: str | None, disks: tuple[str, ...], gpus: str | None,
-            cpus: str | None, skip: tuple[str, ...], timeout_s: float, verbose: bool) -> None:
+            cpus: str | None, skip: tuple[str, ...], timeout_s: float | None, verbose: bool) -> None:
     """Check that this node is fit to run a training job, before the job starts.
 
     Exit codes: 0 ok, 1 warn, 2 critical, 3 unknown (or bad input). With --slurm: 0 unless a check is
@@ -101,6 +101,10 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
     tiers = ("host", "gpu") + (("active",) if active else ())
     ctx = Context(profile=prof, root=app.root, disk_paths=disk_paths, job_cpus=job_cpus, gpus=gpu_list,
                   progress=app.progress if not slurm else (lambda msg: None))
+    if timeout_s is None:
+        t = prof["timeouts"]
+        n_gpus = len(gpu_list) if gpu_list else 8
+        timeout_s = PASSIVE_DEADLINE_S + (float(t["active_s"]) + float(t["active_per_gpu_s"]) * n_gpus if active else 0)
     raw, records, abandoned = run(ctx, tiers, skip=list(skip), deadline_s=timeout_s, replay=replay)
     rep = preport.build(raw, records, prof, slurm, time.monotonic() - t0, replayed_from=replay_file)
 
