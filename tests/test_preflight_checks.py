@@ -536,3 +536,16 @@ def test_h200_raw_reads_replay():
     assert recs[("active.matmul", "gpu0")].status == "ok"
     assert recs[("active.gemm", "gpu0")].value > 0.25 * 989
     assert recs[("active.h2d_bandwidth", "gpu0")].value > 0.35 * 63
+
+
+def test_a_read_that_times_out_by_itself_counts_as_timed_out():
+    from probes.errors import TimedOut
+
+    def killed(c, pr):
+        raise TimedOut("the active GPU tier did not finish within 88 s and was killed (a hung CUDA call?)")
+    spec = ReadSpec("gpubench", "active", killed, lambda c, pr: 90.0, "critical", "the active GPU tier (torch)")
+    recs, abandoned = collect([spec], Context(profile=prof()), time.monotonic() + 10)
+    assert recs["gpubench"]["timed_out"] and not abandoned
+    out = evaluate([CheckSpec("active.gemm", "active", ("gpubench",), lambda r, pp: r.data("gpubench"))],
+                   Reads(recs), prof(), {"gpubench": spec})
+    assert out[0].result.status == "critical" and "was killed" in out[0].result.message

@@ -157,7 +157,10 @@ def collect(specs: list[ReadSpec], ctx: Context, deadline: float, prior: dict[st
                 "error": {"kind": "timed_out",
                           "message": f"{j.spec.what or j.spec.name} did not answer within {j.timeout_s:g} s"}}
             continue
-        out[j.spec.name] = {"data": j.box.get("data"), "error": j.box.get("error"), "timed_out": False,
+        err = j.box.get("error")
+        # A read that bounded itself (a killed child, a skipped NVML call) timed out just the same.
+        out[j.spec.name] = {"data": j.box.get("data"), "error": err,
+                            "timed_out": bool(err and err["kind"] == "timed_out"),
                             "seconds": round(j.box.get("seconds", 0.0), 6), "timeout_s": round(j.timeout_s, 3)}
     return out, abandoned
 
