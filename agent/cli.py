@@ -17,6 +17,7 @@ from agent import __version__
 COMMANDS = (
     ("agent.commands.diagnose", "diagnose"),
     ("agent.commands.demo", "demo"),
+    ("agent.commands.preflight", "preflight"),
 )
 
 

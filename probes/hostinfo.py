@@ -1,0 +1,467 @@
+"""Readers of a node's health facts from /proc, /sys and /dev, and pure parsers of what they read.
+
+Every reader takes a root (default "/") so a captured tree can stand in for the live host, returns
+JSON-able raw values (mostly the files' own text), and never decides whether a value is good:
+thresholds live in agent/preflight. Readers translate OSError into the probes.errors taxonomy or
+record an absent file as None. Cost: a few dozen small file reads; the kernel-log reader reads the
+whole /dev/kmsg ring once (about a megabyte at most) and keeps only the lines that matter.
+"""
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import platform
+import re
+import shutil
+import socket
+import sys
+import time
+from typing import Any
+
+from probes import procfs
+from probes.errors import PermissionDenied, Unavailable, translate_oserror
+
+NVIDIA_VENDOR = "0x10de"
+# PCI base class 0x03 (display controller): 0x0300 VGA, 0x0302 3D controller. NVSwitches (0x0680)
+# and the GPUs' HDMI audio functions (0x0403) share the vendor id and are not GPUs.
+GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
+
+
+def _opt(root: str, rel: str) -> str | None:
+    text = procfs.try_read_text(root, rel)
+    return text.strip() if text is not None else None
+
+
+# -- host identity ----------------------------------------------------------------------------
+
+def host_identity(root: str = "/") -> dict[str, Any]:
+    """Hostname and kernel: from the tree when it holds them, else from this process's host."""
+    hostname = _opt(root, "proc/sys/kernel/hostname") or socket.gethostname()
+    release = _opt(root, "proc/sys/kernel/osrelease") or platform.release()
+    return {"hostname": hostname, "kernel": release, "root": root}
+
+
+# -- CPUs -------------------------------------------------------------------------------------
+
+def read_cpus(root: str = "/", job_cpus: list[int] | None = None) -> dict[str, Any]:
+    """online/present/possible cpulists, and the CPUs the job may use (given, or this process's)."""
+    source = "given" if job_cpus is not None else None
+    if job_cpus is None and root == "/" and hasattr(os, "sched_getaffinity"):
+        job_cpus, source = sorted(os.sched_getaffinity(0)), "sched_getaffinity"
+    return {
+        "online": _opt(root, "sys/devices/system/cpu/online"),
+        "present": _opt(root, "sys/devices/system/cpu/present"),
+        "possible": _opt(root, "sys/devices/system/cpu/possible"),
+        "job_cpus": procfs.format_cpulist(job_cpus) if job_cpus else None,
+        "job_cpus_source": source,
+    }
+
+
+def read_governors(root: str = "/") -> dict[str, Any]:
+    """scaling_governor of every CPU that has cpufreq, and the cpufreq driver."""
+    govs: dict[str, str] = {}
+    base = procfs.path(root, "sys/devices/system/cpu")
+    for d in sorted(glob.glob(os.path.join(base, "cpu[0-9]*")), key=lambda p: int(p.rsplit("cpu", 1)[1])):
+        g = procfs.try_read_text(root, os.path.relpath(os.path.join(d, "cpufreq/scaling_governor"), root))
+        if g is not None:
+            govs[os.path.basename(d)] = g.strip()
+    driver = _opt(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_driver")
+    return {"governors": govs, "driver": driver}
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+def read_meminfo(root: str = "/") -> str:
+    return procfs.read_text(root, "proc/meminfo")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> {field: bytes} (values given in kB are converted; counts stay counts)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        k, v = line.split(":", 1)
+        parts = v.split()
+        if not parts:
+            continue
+        try:
+            n = int(parts[0])
+        except ValueError:
+            continue
+        out[k.strip()] = n * 1024 if len(parts) > 1 and parts[1] == "kB" else n
+    return out
+
+
+def read_numa(root: str = "/") -> dict[str, Any]:
+    online = _opt(root, "sys/devices/system/node/online")
+    nodes: dict[str, Any] = {}
+    for n in procfs.parse_cpulist(online):
+        nodes[str(n)] = {"cpulist": _opt(root, f"sys/devices/system/node/node{n}/cpulist")}
+    return {"online": online, "nodes": nodes}
+
+
+# -- /dev/shm ---------------------------------------------------------------------------------
+
+def read_shm(root: str = "/") -> dict[str, Any]:
+    """The /dev/shm mount line(s) and, on the live host, statvfs of /dev/shm."""
+    mounts = procfs.try_read_text(root, "proc/self/mounts") or procfs.try_read_text(root, "proc/mounts") or ""
+    lines = [ln for ln in mounts.splitlines() if len(ln.split()) > 2 and ln.split()[1] == "/dev/shm"]
+    out: dict[str, Any] = {"mount_lines": lines, "statvfs": None}
+    if root == "/":
+        try:
+            st = os.statvfs("/dev/shm")
+            out["statvfs"] = {"total": st.f_blocks * st.f_frsize, "free": st.f_bfree * st.f_frsize,
+                              "avail": st.f_bavail * st.f_frsize}
+        except OSError as exc:
+            out["statvfs_error"] = str(translate_oserror(exc, "/dev/shm"))
+    return out
+
+
+def parse_size_option(opt: str) -> int | None:
+    """tmpfs size= option ('65536k', '64m', '32g', '1234') -> bytes; percentages -> None."""
+    m = re.fullmatch(r"(\d+)([kmgtKMGT]?)", opt.strip())
+    if not m:
+        return None
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(m.group(1)) * mult
+
+
+def parse_shm(raw: dict[str, Any]) -> dict[str, Any]:
+    """-> {mounted, fstype, size_bytes, free_bytes, source}. statvfs wins over the mount option."""
+    lines = raw.get("mount_lines") or []
+    st = raw.get("statvfs")
+    if not lines and not st:
+        return {"mounted": False, "fstype": None, "size_bytes": None, "free_bytes": None, "source": None}
+    fields = lines[-1].split() if lines else []
+    fstype = fields[2] if len(fields) > 2 else None
+    size = None
+    if len(fields) > 3:
+        for opt in fields[3].split(","):
+            if opt.startswith("size="):
+                size = parse_size_option(opt[5:])
+    if st:
+        return {"mounted": True, "fstype": fstype, "size_bytes": st["total"], "free_bytes": st["avail"],
+                "source": "statvfs(/dev/shm)"}
+    return {"mounted": bool(lines), "fstype": fstype, "size_bytes": size, "free_bytes": None,
+            "source": "/proc/self/mounts size="}
+
+
+# -- resource limits ----------------------------------------------------------------------------
+
+def read_limits(root: str = "/", pid: int | str = "self") -> str:
+    """/proc/PID/limits: the soft and hard limits a process (by default this one) runs under."""
+    return procfs.read_text(root, f"proc/{pid}/limits")
+
+
+_LIMIT_NAMES = {"Max locked memory": "memlock", "Max open files": "nofile", "Max processes": "nproc",
+                "Max stack size": "stack", "Max core file size": "core"}
+
+
+def parse_limits(text: str) -> dict[str, dict[str, Any]]:
+    """-> {memlock: {soft, hard, unit}, nofile: {...}}; 'unlimited' is None."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines()[1:]:
+        for label, key in _LIMIT_NAMES.items():
+            if line.startswith(label):
+                parts = line[len(label):].split()
+                if len(parts) >= 2:
+                    def val(s: str) -> int | None:
+                        return None if s == "unlimited" else int(s)
+                    out[key] = {"soft": val(parts[0]), "hard": val(parts[1]),
+                                "unit": parts[2] if len(parts) > 2 else None}
+    return out
+
+
+# -- kernel memory settings --------------------------------------------------------------------
+
+def read_vm_settings(root: str = "/") -> dict[str, Any]:
+    return {
+        "thp_enabled": _opt(root, "sys/kernel/mm/transparent_hugepage/enabled"),
+        "thp_defrag": _opt(root, "sys/kernel/mm/transparent_hugepage/defrag"),
+        "numa_balancing": _opt(root, "proc/sys/kernel/numa_balancing"),
+    }
+
+
+def bracketed(text: str | None) -> str | None:
+    """'always [madvise] never' -> 'madvise'."""
+    if not text:
+        return None
+    m = re.search(r"\[([^\]]+)\]", text)
+    return m.group(1) if m else text.strip()
+
+
+# -- disks --------------------------------------------------------------------------------------
+
+def read_disk(paths: list[str], root: str = "/") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in paths:
+        full = procfs.path(root, p)
+        try:
+            st = os.statvfs(full)
+        except FileNotFoundError:
+            out[p] = {"error": f"{p}: no such file or directory"}
+        except OSError as exc:
+            out[p] = {"error": str(translate_oserror(exc, p))}
+            continue
+        out[p] = {"total": st.f_blocks * st.f_frsize, "free": st.f_bfree * st.f_frsize,
+                  "avail": st.f_bavail * st.f_frsize,
+                  "files": st.f_files, "files_avail": st.f_favail}
+    return out
+
+
+# -- kernel log -----------------------------------------------------------------------------------
+
+# A broad net: only lines that may matter to a health check are kept from the ring buffer.
+KMSG_KEEP = re.compile(
+    r"NVRM|Xid|SXid|fallen off the bus|Machine Check|Hardware Error|mce:|EDAC|AER:|I/O error|"
+    r"nvidia-nvswitch|NVLink|lost carrier|Lost Carrier", re.IGNORECASE)
+MAX_KMSG_RECORDS = 200_000
+
+
+def _read_kmsg_device(path: str, deadline: float) -> list[str]:
+    """Every record in the ring: one read() per record, non-blocking, stop at EAGAIN."""
+    records: list[str] = []
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while len(records) < MAX_KMSG_RECORDS and time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:   # the record we were at was overwritten: go on
+                    continue
+                if exc.errno == errno.EINVAL:  # a record longer than our buffer: skip it
+                    continue
+                raise
+            if not chunk:
+                break
+            records.append(chunk.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    return records
+
+
+def read_kernel_log(root: str = "/", budget_s: float = 3.0) -> dict[str, Any]:
+    """Lines of /dev/kmsg that may matter, with the uptime and wall clock to place them in time.
+
+    Needs read access to /dev/kmsg (root, or kernel.dmesg_restrict=0). In a captured tree,
+    dev/kmsg is a plain file of kmsg records, one per line.
+    """
+    path = procfs.path(root, "dev/kmsg")
+    uptime_text = _opt(root, "proc/uptime")
+    now = time.time()
+    try:
+        if os.path.isfile(path):
+            with open(path, "r", errors="replace") as fh:
+                records = fh.read().splitlines()
+        else:
+            records = _read_kmsg_device(path, time.monotonic() + budget_s)
+    except OSError as exc:
+        err = translate_oserror(exc, path)
+        if isinstance(err, PermissionDenied):
+            raise PermissionDenied(f"{path}: permission denied (kernel.dmesg_restrict="
+                                   f"{_opt(root, 'proc/sys/kernel/dmesg_restrict') or '?'})") from None
+        raise Unavailable(str(err)) from None
+    kept: list[str] = []
+    for rec in records:
+        # A record is 'prio,seq,usec,flags;message' plus ' KEY=value' continuation lines.
+        first = rec.split("\n", 1)[0]
+        if KMSG_KEEP.search(first):
+            kept.append(first)
+    return {"source": "/dev/kmsg", "records_read": len(records), "lines": kept,
+            "uptime_s": float(uptime_text.split()[0]) if uptime_text else None, "read_unix": now}
+
+
+_KMSG_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
+_SXID_RE = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+
+
+def parse_kmsg_line(line: str) -> dict[str, Any] | None:
+    m = _KMSG_RE.match(line)
+    if not m:
+        return None
+    return {"priority": int(m.group(1)) & 7, "seq": int(m.group(2)), "usec": int(m.group(3)),
+            "text": m.group(4).replace("\\x0a", " ")}
+
+
+def classify_kernel_events(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Kernel-log lines -> events {kind, code, device, text, age_s}; kinds: xid, sxid,
+    fallen_off_bus, mce, edac_ue, edac_ce, aer_uncorrected, io_error. Pure."""
+    uptime = raw.get("uptime_s")
+    recs = [r for r in (parse_kmsg_line(ln) for ln in raw.get("lines", [])) if r]
+    events: list[dict[str, Any]] = []
+    # Newer drivers split "fallen off the bus" across several NVRM records with one timestamp.
+    joined: dict[int, str] = {}
+    for r in recs:
+        if "NVRM" in r["text"]:
+            joined[r["usec"]] = (joined.get(r["usec"], "") + " " + r["text"].replace("NVRM:", " ")).strip()
+
+    def age(usec: int) -> float | None:
+        return round(uptime - usec / 1e6, 1) if uptime is not None else None
+
+    for r in recs:
+        t = r["text"]
+        ev: dict[str, Any] | None = None
+        m = _XID_RE.search(t)
+        if m:
+            ev = {"kind": "xid", "code": int(m.group(2)), "device": m.group(1)}
+        elif _SXID_RE.search(t):
+            m2 = _SXID_RE.search(t)
+            ev = {"kind": "sxid", "code": int(m2.group(2)), "device": m2.group(1)}
+        elif re.search(r"Machine Check|mce: \[Hardware Error\]", t):
+            ev = {"kind": "mce", "code": None, "device": None}
+        elif re.search(r"EDAC.*\bUE\b", t):
+            ev = {"kind": "edac_ue", "code": None, "device": None}
+        elif re.search(r"EDAC.*\bCE\b", t):
+            ev = {"kind": "edac_ce", "code": None, "device": None}
+        elif re.search(r"AER:.*Uncorrect", t):
+            ev = {"kind": "aer_uncorrected", "code": None, "device": (t.split(":", 1)[0] or None)}
+        elif re.search(r"I/O error", t):
+            ev = {"kind": "io_error", "code": None, "device": None}
+        if ev is None and "NVRM" in t:
+            whole = re.sub(r"\s+", " ", joined.get(r["usec"], ""))
+            if "fallen off the bus" in whole and not any(
+                    e["kind"] == "fallen_off_bus" and e["usec"] == r["usec"] for e in events):
+                m3 = re.search(r"GPU ([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", whole)
+                ev = {"kind": "fallen_off_bus", "code": 79, "device": m3.group(1) if m3 else None}
+                t = whole
+        if ev is not None:
+            ev.update({"text": t[:300], "usec": r["usec"], "age_s": age(r["usec"])})
+            events.append(ev)
+    return events
+
+
+# -- PCI bus ----------------------------------------------------------------------------------------
+
+def read_pci_gpus(root: str = "/") -> list[dict[str, Any]]:
+    """NVIDIA GPUs on the PCI bus (vendor 0x10de, display class), read from sysfs: needs no driver."""
+    base = procfs.path(root, "sys/bus/pci/devices")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError as exc:
+        raise translate_oserror(exc, base) from None
+    out: list[dict[str, Any]] = []
+    for bdf in names:
+        rel = f"sys/bus/pci/devices/{bdf}"
+        vendor = _opt(root, f"{rel}/vendor")
+        cls = _opt(root, f"{rel}/class")
+        if vendor != NVIDIA_VENDOR or not cls or not cls.startswith(GPU_CLASS_PREFIXES):
+            continue
+        drv = None
+        try:
+            drv = os.path.basename(os.readlink(procfs.path(root, f"{rel}/driver")))
+        except OSError:
+            pass
+        out.append({
+            "bdf": bdf, "vendor": vendor, "device": _opt(root, f"{rel}/device"), "class": cls,
+            "driver": drv, "numa_node": _opt(root, f"{rel}/numa_node"),
+            "local_cpulist": _opt(root, f"{rel}/local_cpulist"),
+            "current_link_speed": _opt(root, f"{rel}/current_link_speed"),
+            "current_link_width": _opt(root, f"{rel}/current_link_width"),
+            "max_link_speed": _opt(root, f"{rel}/max_link_speed"),
+            "max_link_width": _opt(root, f"{rel}/max_link_width"),
+            "aer_dev_fatal": _opt(root, f"{rel}/aer_dev_fatal"),
+            "aer_dev_nonfatal": _opt(root, f"{rel}/aer_dev_nonfatal"),
+        })
+    return out
+
+
+# PCIe generation by the link rate sysfs prints ('32.0 GT/s PCIe').
+_GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+def link_gen(speed: str | None) -> int | None:
+    if not speed:
+        return None
+    m = re.match(r"([\d.]+)\s*GT/s", speed)
+    return _GTS_TO_GEN.get(float(m.group(1))) if m else None
+
+
+def link_width(width: str | None) -> int | None:
+    try:
+        return int(str(width).strip().lstrip("x")) if width not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def pci_bdf_from_nvml(bus_id: str) -> str:
+    """NVML '00000000:00:06.0' -> sysfs '0000:00:06.0'."""
+    dom, rest = bus_id.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest.lower()}"
+
+
+# -- trainprobe's own prerequisites -----------------------------------------------------------------
+
+def read_probe_prerequisites(root: str = "/") -> dict[str, Any]:
+    """What trainprobe's probes need: rights to attach, perf, tracing, BTF, bcc, kernel headers."""
+    release = _opt(root, "proc/sys/kernel/osrelease") or platform.release()
+    build = procfs.path(root, f"lib/modules/{release}/build")
+    headers: dict[str, Any] = {"path": f"/lib/modules/{release}/build", "exists": os.path.isdir(build)}
+    if headers["exists"]:
+        headers["target"] = os.path.realpath(build) if os.path.islink(build) else None
+        rel_text = procfs.try_read_text(root, f"lib/modules/{release}/build/include/config/kernel.release")
+        headers["release"] = rel_text.strip() if rel_text else None
+    pmu_dir = procfs.path(root, "sys/bus/event_source/devices")
+    try:
+        pmus = sorted(os.listdir(pmu_dir))
+    except OSError:
+        pmus = []
+    bcc_paths = ["/" + p for p in ("usr/lib/python3/dist-packages/bcc/__init__.py",
+                             "usr/lib64/python3/site-packages/bcc/__init__.py",
+                             "usr/lib/python3/site-packages/bcc/__init__.py")
+                 if os.path.exists(procfs.path(root, p))]
+    bcc_paths += ["/" + os.path.relpath(p, root) for p in
+                  glob.glob(procfs.path(root, "usr/lib*/python3*/site-packages/bcc/__init__.py"))]
+    py_spy = None
+    if root == "/":
+        py_spy = shutil.which("py-spy") or (
+            os.path.join(os.path.dirname(sys.executable), "py-spy")
+            if os.path.exists(os.path.join(os.path.dirname(sys.executable), "py-spy")) else None)
+    return {
+        "euid": os.geteuid() if root == "/" else None,
+        "cap_eff": _cap_eff(root),
+        "ptrace_scope": _opt(root, "proc/sys/kernel/yama/ptrace_scope"),
+        "perf_event_paranoid": _opt(root, "proc/sys/kernel/perf_event_paranoid"),
+        "pmus": pmus,
+        "tracefs": _tracefs(root),
+        "btf": os.path.exists(procfs.path(root, "sys/kernel/btf/vmlinux")),
+        "kernel_release": release,
+        "headers": headers,
+        "bcc": sorted(set(bcc_paths)),
+        "py_spy": py_spy,
+    }
+
+
+def _tracefs(root: str) -> dict[str, Any]:
+    """Where tracefs is mounted, and whether this user can reach its events (root-only by default)."""
+    mounts = procfs.try_read_text(root, "proc/self/mounts") or ""
+    points = [ln.split()[1] for ln in mounts.splitlines() if len(ln.split()) > 2 and ln.split()[2] == "tracefs"]
+    out: dict[str, Any] = {"mounts": points}
+    for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        ev = procfs.path(root, d.lstrip("/") + "/events")
+        out[d] = {"events": os.path.isdir(ev), "readable": os.access(ev, os.R_OK | os.X_OK)}
+    return out
+
+
+def _cap_eff(root: str) -> str | None:
+    status = procfs.try_read_text(root, "proc/self/status") or ""
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+CAP_SYS_PTRACE = 19
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+
+
+def has_cap(cap_eff_hex: str | None, cap: int) -> bool:
+    try:
+        return bool(int(cap_eff_hex or "0", 16) >> cap & 1)
+    except ValueError:
+        return False
