@@ -216,7 +216,7 @@ def launch_bound(ev: Evidence) -> Finding | None:
         facts.append(Fact("pyspy", "steps per second seen in the host timeline", steps.get("steps_per_s")))
     speedup = amdahl(x)
     bound = (_bound(att, "running the step's Python (forward, backward, optimizer)", x)
-             + "; an upper bound: CUDA graphs and torch.compile remove launch and Python overhead only for the "
+             + "; optimistic: CUDA graphs and torch.compile remove launch and Python overhead only for the "
                "part of the step they capture")
     fixes = [Fix("Capture the step in CUDA graphs: one launch replays all its kernels",
                  change='model = torch.compile(model, mode="reduce-overhead")'),
