@@ -34,7 +34,9 @@ from probes.nvml import NA, Nvml, is_na
 FORMAT = "trainprobe.nvml/1"
 POLL_S = 0.5
 PROCESS_LIST_EVERY_S = 2.0
-NOT_FOUND = "not found"         # Nvml's reason for NVML_ERROR_NOT_FOUND: no sample newer than asked
+# Nvml's reasons that mean "no sample newer than asked" (NVML_ERROR_NOT_FOUND), or an empty list
+# that pynvml reports as an error with NVML's success code.
+NO_NEW_SAMPLES = ("not found", "Success")
 
 # NVML sampling types and counters (the values pynvml defines; used when pynvml lacks the name).
 GPU_UTILIZATION_SAMPLES = 1
@@ -262,7 +264,7 @@ class _Capturer:
             last = self.last_seen.get((g["index"], key), 0)
             got = self.nv.call("nvmlDeviceGetSamples", h, const, last)
             if is_na(got):
-                if got.reason != NOT_FOUND:
+                if got.reason not in NO_NEW_SAMPLES:
                     self._err(g, key, got)
                 continue
             vtype, samples = got
@@ -274,7 +276,7 @@ class _Capturer:
         last = self.last_seen.get((g["index"], "proc_util"), 0)
         got = self.nv.call("nvmlDeviceGetProcessUtilization", h, last)
         if is_na(got):
-            if got.reason != NOT_FOUND:
+            if got.reason not in NO_NEW_SAMPLES:
                 self._err(g, "proc_util", got)
             return
         for s in got:
@@ -448,12 +450,26 @@ UTIL_BINS = ((0, 0, "0"), (1, 24, "1-24"), (25, 49, "25-49"), (50, 74, "50-74"),
              (95, 100, "95-100"))
 
 
+def utilization_series(g: dict[str, Any]) -> tuple[list[list[Any]], list[list[Any]], str]:
+    """(GPU, memory) utilization samples and where they came from. Where NVML keeps no sample
+    buffer (nvmlDeviceGetSamples unsupported), the polls' nvmlDeviceGetUtilizationRates readings
+    stand in: one reading per poll, each about NVML's last sample period only."""
+    if len(g.get("gpu_util") or []) >= 3:
+        return g["gpu_util"], g.get("mem_util") or [], "nvmlDeviceGetSamples"
+    polls = [p for p in g.get("polls") or [] if p[1] is not None]
+    if len(polls) >= 3:
+        return ([[p[0], p[1]] for p in polls], [[p[0], p[2]] for p in polls if p[2] is not None],
+                "nvmlDeviceGetUtilizationRates (polls)")
+    return [], [], "none"
+
+
 def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
-    period = sample_period_s(g.get("gpu_util") or [])
+    util, mem_util, source = utilization_series(g)
+    period = sample_period_s(util)
     st: dict[str, Any] = {"sample_period_s": period, "samples": 0, "busy_fraction": None,
-                          "memory_busy_fraction": None}
+                          "memory_busy_fraction": None, "utilization_source": source}
     if period:
-        pers = periods(g["gpu_util"], period, start, end)
+        pers = periods(util, period, start, end)
         total = sum(t1 - t0 for t0, t1, _ in pers)
         if pers and total > 0:
             busy_s = sum((t1 - t0) * v / 100.0 for t0, t1, v in pers)
@@ -477,7 +493,7 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
                                           for lo, hi, label in UTIL_BINS},
                 "utilization": [[round(t1, 4), v] for _t0, t1, v in pers],
             })
-        mpers = periods(g.get("mem_util") or [], period, start, end)
+        mpers = periods(mem_util, period, start, end)
         mtotal = sum(t1 - t0 for t0, t1, _ in mpers)
         if mtotal > 0:
             st["memory_busy_fraction"] = round(sum((t1 - t0) * v / 100.0 for t0, t1, v in mpers) / mtotal, 4)
@@ -547,7 +563,7 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         stats = _gpu_stats(g, start, end)
         util[idx] = stats.pop("utilization", [])
         period = stats.get("sample_period_s")
-        mem_util[idx] = [[t1, v] for _t0, t1, v in periods(g.get("mem_util") or [], period, start, end)] if period else []
+        mem_util[idx] = [[t1, v] for _t0, t1, v in periods(utilization_series(g)[1], period, start, end)] if period else []
         per_gpu[idx] = stats
         # Which PIDs hold a context on this GPU (process lists) or used it (per-process samples).
         pids: dict[int, dict[str, Any]] = {}
@@ -595,6 +611,11 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
                      + (f" on this {', '.join(names)}" if names else "")
                      + f": idle gaps shorter than {period * 1000:.0f} ms cannot be resolved from NVML alone; "
                        "within a sample period only the idle share is known")
+    for i in target_gpus:
+        if per_gpu[i].get("utilization_source", "").startswith("nvmlDeviceGetUtilizationRates"):
+            notes.append(f"GPU {i} keeps no NVML utilization sample buffer here "
+                         f"({gpus[[x['index'] for x in gpus].index(i)]['errors'].get('gpu_util', 'no samples')}); "
+                         "busy shares come from one reading per poll")
     others = [r for r in proc_rows if not r["target"] and r["gpu_index"] in target_gpus and r["sm_pct_mean"] >= 5]
     if others:
         notes.append("other processes also use the target's GPU: " + ", ".join(

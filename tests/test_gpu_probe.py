@@ -269,3 +269,15 @@ def test_without_pynvml_the_probe_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)     # import pynvml -> ImportError
     av = GpuProbe().check(WatchSpec(pid=1, window_s=1.0))
     assert not av.ok and "pip install nvidia-ml-py" in av.reason
+
+
+def test_without_a_sample_buffer_the_polls_stand_in_and_the_report_says_so():
+    raw = h200_nvml("starved")
+    raw["gpu_util"], raw["mem_util"] = [], []
+    raw["errors"] = {"gpu_util": "not supported on this GPU or driver"}
+    g = analyse(raw)
+    st = g["per_gpu"][0]
+    assert st["utilization_source"] == "nvmlDeviceGetUtilizationRates (polls)"
+    assert g["sample_period_s"] == pytest.approx(0.547, abs=0.01)       # the polls' spacing
+    assert g["busy_fraction"] == pytest.approx(0.055, abs=0.01)          # the polls read 5-6%
+    assert any("no NVML utilization sample buffer" in n and "not supported" in n for n in g["notes"])
