@@ -281,3 +281,17 @@ def test_without_a_sample_buffer_the_polls_stand_in_and_the_report_says_so():
     assert g["sample_period_s"] == pytest.approx(0.547, abs=0.01)       # the polls' spacing
     assert g["busy_fraction"] == pytest.approx(0.055, abs=0.01)          # the polls read 5-6%
     assert any("no NVML utilization sample buffer" in n and "not supported" in n for n in g["notes"])
+
+
+def test_evidence_shape_other_helpers_rely_on():
+    g = parsed("fixed")
+    for k in ("driver", "gpus", "processes", "target_gpus", "sample_period_s", "busy_fraction", "idle_fraction",
+              "idle_intervals", "utilization"):
+        assert k in g, k
+    gpu = g["gpus"][0]
+    assert set(gpu) >= {"index", "name", "uuid", "bus_id", "pcie", "cpu_affinity", "numa_node"}
+    assert set(gpu["pcie"]) >= {"gen", "width", "max_gen", "max_width"}
+    assert all(set(p) >= {"pid", "gpu_index"} for p in g["processes"])
+    t, pct = g["utilization"][0][0]
+    assert t > 1.7e9 and 0 <= pct <= 100
+    assert g["driver"] == "580.159.04"
