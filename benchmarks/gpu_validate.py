@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         facts = preflight(args)
     except SystemExit as exc:
         print(f"gpu-validate: not ready: {exc}", file=sys.stderr)
+        (out / "summary.md").write_text(f"# trainprobe GPU validation\n\nnot ready: {exc}\n")
+        (out / "summary.json").write_text(json.dumps({"not_ready": str(exc)}, indent=1))
         return 2
     log("node: " + "; ".join(f"{k}={v}" for k, v in facts.items()))
     started = time.time()

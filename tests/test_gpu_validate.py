@@ -87,3 +87,12 @@ def test_a_whole_run_against_cpu_stand_ins(tmp_path, capsys):
     md = (out / "summary.md").read_text()
     assert md in capsys.readouterr().out and "| starved -> fixed |" in md
     assert "diagnose --pid" in (out / "logs" / "starved.diagnose.txt").read_text()
+
+
+def test_a_node_without_nvml_is_not_ready_and_says_why(tmp_path):
+    from tests.test_gpu_probe import _driver_present
+    if _driver_present():
+        pytest.skip("an NVIDIA driver is present")
+    rc = gv.main(["--out", str(tmp_path)])
+    assert rc == 2
+    assert "not ready: NVML is not usable here: no NVIDIA driver" in (tmp_path / "summary.md").read_text()
