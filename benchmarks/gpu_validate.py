@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Validate trainprobe's GPU diagnosis on a real GPU node, in one command (about 4-5 minutes).
+"""Validate trainprobe's GPU diagnosis on a real GPU node, in one command (estimated 4-5 minutes; no new mode starts after --budget, 450 s).
 
     python benchmarks/gpu_validate.py                 # results under $OUT (else ./gpu-validate-out)
 
