@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Validate trainprobe's GPU diagnosis on a real GPU node, in one command (estimated 4-5 minutes; no new mode starts after --budget, 450 s).
+"""Validate trainprobe's GPU diagnosis on a real GPU node, in one command.
+
+Estimated at 4-5 minutes; no new mode starts after --budget (450 s).
 
     python benchmarks/gpu_validate.py                 # results under $OUT (else ./gpu-validate-out)
 
