@@ -57,6 +57,20 @@ def target_facts(ev: Evidence) -> dict[str, Any]:
     }
 
 
+def gpu_facts(ev: Evidence) -> dict[str, Any] | None:
+    """The target's GPUs over the window and what the training thread did while they idled."""
+    gpu = ev.get("gpu")
+    if not gpu:
+        return None
+    from agent.analysis import gpu_idle
+    return {
+        "target_gpus": gpu.get("target_gpus"), "sample_period_s": gpu.get("sample_period_s"),
+        "busy_fraction": gpu.get("busy_fraction"), "idle_fraction": gpu.get("idle_fraction"),
+        "idle_intervals": (gpu.get("idle_intervals") or [])[:50],
+        "idle_attribution": gpu_idle.for_evidence(ev).to_dict(),
+    }
+
+
 def diagnose(ev: Evidence) -> tuple[list[Finding], list[RuleRun]]:
     findings, runs = run_rules(ev)
     return rank(findings), runs
@@ -72,8 +86,9 @@ def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str
         "target": target_facts(ev),
         "window": window,
         "probes": [rec.to_dict() for rec in ev.records.values()],
+        "gpu": gpu_facts(ev),
         "findings": [f.to_dict() for f in findings],
         "overhead": overhead,
         "rules": [r.to_dict() for r in rule_runs],
-        "notes": list(notes or []),
+        "notes": list(notes or []) + [n for n in (ev.get("gpu") or {}).get("notes", []) if n not in (notes or [])],
     }

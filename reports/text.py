@@ -76,6 +76,23 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
     return out
 
 
+_CAUSE_WORDS = {"data_wait": "waited for batches", "data_load": "loaded batches", "h2d_copy": "copied to the GPU",
+                "launch": "ran forward/backward/optimizer", "other": "did other work", "host_sync": "synced"}
+
+
+def _gpu_line(gpu: dict[str, Any] | None) -> str | None:
+    if not gpu or gpu.get("busy_fraction") is None:
+        return None
+    idx = ",".join(str(i) for i in gpu.get("target_gpus") or [])
+    line = (f"GPU {idx}: {100 * gpu['busy_fraction']:.0f}% busy (NVML, "
+            f"{1000 * (gpu.get('sample_period_s') or 0):.0f} ms samples)")
+    att = gpu.get("idle_attribution") or {}
+    shares = sorted(((v, k) for k, v in (att.get("idle_share_by_cause") or {}).items() if v >= 0.01), reverse=True)
+    if att.get("ok") and shares:
+        line += "; idle while the loop " + ", ".join(f"{_CAUSE_WORDS.get(k, k)} {100 * v:.0f}%" for v, k in shares[:3])
+    return line
+
+
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
     st = Style(use_color(stream) if color is None else color)
     host, tgt, win = report["host"], report["target"], report["window"]
@@ -93,6 +110,9 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
                         + (f" ({', '.join(str(w['pid']) for w in workers[:8])}{' ...' if len(workers) > 8 else ''})"
                            if workers else "")
                         + (f"; other children: {len(others)}" if others else "")))
+    gpu_line = _gpu_line(report.get("gpu"))
+    if gpu_line:
+        lines.append(st.dim(gpu_line))
     for n in report.get("notes", []):
         lines.append(st.yellow("note: ") + n)
     lines.append("")

@@ -106,3 +106,27 @@ def h200_pyspy_capture(mode: str):
     from probes.pyspy import capture_from_chrometrace
     return capture_from_chrometrace(h200_chrometrace(mode), h200_pid(mode),
                                     source_remap={"/srv/train/": str(H200 / "src") + "/"})
+
+
+def h200_nvml(mode: str) -> dict:
+    return json.loads((H200 / mode / "nvml.json").read_text())
+
+
+def h200_gpu_capture(mode: str):
+    from probes.gpu import capture_from_nvml_json
+    return capture_from_nvml_json((H200 / mode / "nvml.json").read_text())
+
+
+def h200_anchored_pyspy_capture(mode: str, shift_s: float = 0.0):
+    """The py-spy capture on the NVML clock: the capture script launched py-spy (-r 50) and began
+    NVML polling together at nvml.json's started_unix_us, so that is py-spy's time zero."""
+    cap = h200_pyspy_capture(mode)
+    cap.meta["launch_unix"] = h200_nvml(mode)["started_unix_us"] / 1e6 + shift_s
+    cap.meta["rate_hz"] = 50
+    return cap
+
+
+def h200_evidence(mode: str, shift_s: float = 0.0, cpus: int = 16):
+    from agent import evidence
+    return evidence.build([h200_anchored_pyspy_capture(mode, shift_s), h200_gpu_capture(mode)],
+                          {"cpus_available": cpus, "uses_cuda": True})

@@ -19,6 +19,7 @@ RuleFn = Callable[[Evidence], Optional[Finding]]
 RULE_MODULES = (
     "agent.rules.dataloader",
     "agent.rules.compute",
+    "agent.rules.gpu",
 )
 
 

@@ -27,6 +27,7 @@ from agent.rules import rule
 
 STARVED_SHARE = 0.10          # the loop waits on data for at least this share of its time
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
+GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
 
 def step_time(w: int, c: float, d: float, u: float, p: float) -> float:
@@ -209,6 +210,15 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                                 "or give this job more CPUs"))
         bound = (f"f={f:.2f}; {w_now} workers already fill the {p:g} CPUs ({cpu_note}); if a sample cost half "
                  f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
+    ceiling = _gpu_ceiling(ev)
+    if ceiling is not None:
+        # The GPU's side: only data-wait time during which the GPU idled can come off the step.
+        x_gpu, gpu_speedup = ceiling
+        if gpu_speedup < GPU_WORTH:
+            return None       # the GPU stays busy while the loop waits: the wait hides behind GPU work
+        if gpu_speedup < speedup:
+            speedup = gpu_speedup
+            bound += f"; the GPU idled only {x_gpu:.2f} of the time while the loop fetched data: <= {gpu_speedup:.2f}x"
     conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
     title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
              else f"The training loop waits on the DataLoader {pct(f)} of the time")
@@ -223,3 +233,15 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                             "dataloader_kwargs": kwargs,
                             "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,
                                       "L": round(m["loop"], 3), "W_max": w_cap}})
+
+
+def _gpu_ceiling(ev: Evidence) -> tuple[float, float] | None:
+    """(x, 1/(1-x)): the share of the time the GPU idled while the loop fetched data (GPU evidence)."""
+    if not ev.has("gpu"):
+        return None
+    from agent.analysis import gpu_idle
+    att = gpu_idle.for_evidence(ev)
+    if not att.ok:
+        return None
+    x = att.idle_share("data_wait", "data_load")
+    return x, gpu_idle.amdahl(x)

@@ -1,0 +1,1 @@
+"""Pure analyses over Evidence that more than one rule needs (no command, no file, no host access)."""
