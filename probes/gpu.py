@@ -64,8 +64,7 @@ CUDA_LIBS = ("libcuda.so", "libcudart", "libnvidia-ml")
 
 class GpuProbe(Probe):
     name = "gpu"
-    description = ("NVIDIA GPUs through NVML: which the target uses, utilization sample streams, "
-                   "per-process utilization, PCIe throughput, power, clocks")
+    description = "NVIDIA GPUs (NVML): which the target uses, utilization samples, PCIe throughput, power, clocks"
     needs = ("an NVIDIA driver (libnvidia-ml.so)", "nvidia-ml-py")
     cost = "about ten NVML calls per GPU every 0.5 s; nothing attaches to the target"
     timeout_s = 10.0

@@ -13,7 +13,7 @@ WORTH_ACTING = 1.10           # a host-side finding below this gain does not cou
 COMPUTE_SHARE = 0.60          # forward + backward + optimizer share of the training thread
 
 
-@rule("compute.bound", requires=("pyspy",), uses=("process",),
+@rule("compute.bound", requires=("pyspy",), uses=("process", "gpu"),
       description="nothing on the host holds the step back: compute dominates")
 def compute_bound(ev: Evidence) -> Finding | None:
     others = [f for f in ev.context.get("findings", []) if f.expected_speedup >= WORTH_ACTING]

@@ -113,7 +113,7 @@ def collective_wait_share(ev: Evidence, rank: dict[str, Any]) -> float | None:
     return max(0.0, 1.0 - th["cpu_fraction"] - bd.get("data_wait", 0.0))
 
 
-@rule("dataloader.starved", requires=("pyspy",), uses=("process",),
+@rule("dataloader.starved", requires=("pyspy",), uses=("process", "gpu"),
       description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
 def dataloader_starved(ev: Evidence) -> Finding | None:
     spy = ev.get("pyspy") or {}
