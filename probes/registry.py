@@ -10,6 +10,7 @@ from probes.base import Probe
 PROBES: tuple[tuple[str, str], ...] = (
     ("probes.process", "ProcessProbe"),
     ("probes.pyspy", "PySpyProbe"),
+    ("probes.perfstat", "PerfStatProbe"),
 )
 
 
