@@ -209,7 +209,9 @@ class PerfStatProbe(Probe):
         rec.note("file", "/sys/bus/event_source/devices/*/type, /proc/cpuinfo (flags)", 0, t0, time.time() - t0)
         paranoid = procfs.try_read_text(spec.root, "proc/sys/kernel/perf_event_paranoid")
         main_pid = spec.pid
-        worker_pids = [p for p, _ in procfs.descendants_of(main_pid, spec.root)]
+        descendants = procfs.descendants_of(main_pid, spec.root)
+        worker_pids = [p for p, _ in descendants]
+        ppids = {str(p): pp_ for p, pp_ in descendants}
         tasks = {str(p): _tasks(spec.root, p) for p in [main_pid] + worker_pids}
         comms = {str(p): (procfs.try_read_text(spec.root, f"proc/{p}/comm") or "").strip() for p in tasks}
         sessions: dict[str, list[int]] = {"main": [main_pid]}
@@ -249,7 +251,7 @@ class PerfStatProbe(Probe):
         for p in list(tasks):
             tasks[p] = sorted(set(tasks[p]) | set(_tasks(spec.root, int(p))))
         rec.add("targets.json", json.dumps({
-            "main_pid": main_pid, "sessions": sessions, "tasks": tasks, "comm": comms,
+            "main_pid": main_pid, "sessions": sessions, "tasks": tasks, "comm": comms, "ppid": ppids,
             "interval_ms": interval_ms, "interval_count": count, "events": list(EVENTS), "sep": SEP,
             "pmu": pmu, "perf_event_paranoid": paranoid.strip() if paranoid else None, "euid": os.geteuid(),
             "perf_version": version.stdout.strip(), "argv": argvs, "results": results,
@@ -345,23 +347,22 @@ def summarise(texts: dict[str, str], targets: dict[str, Any], errors: dict[str, 
         groups[name] = g
         for pid, prows in sorted(by_pid.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
             d = pp.derive(pp.counters_of(prows), seconds)
-            d.update({"pid": pid, "group": name,
-                      "role": "main" if pid == main_pid else ("dataloader_worker" if name == "workers" else "child"),
-                      "comm": (targets.get("comm") or {}).get(str(pid)),
-                      "threads_counted": len({r.tid for r in prows})})
+            comm = (targets.get("comm") or {}).get(str(pid))
+            d.update({"pid": pid, "group": name, "ppid": (targets.get("ppid") or {}).get(str(pid)),
+                      "role": _role(pid, main_pid, comm, (targets.get("ppid") or {}).get(str(pid))),
+                      "comm": comm, "threads_counted": len({r.tid for r in prows})})
             processes.append(d)
-        if name == "main":
-            for pid, tid, comm, trows in thread_info:
-                d = pp.derive(pp.counters_of(trows), seconds)
-                d.update({"pid": pid, "tid": tid, "comm": comm})
-                threads.append(d)
+        for pid, tid, comm, trows in thread_info:
+            d = pp.derive(pp.counters_of(trows), seconds)
+            d.update({"pid": pid, "tid": tid, "comm": comm, "group": name})
+            threads.append(d)
     threads.sort(key=lambda t: -(t.get("task_clock_s") or 0.0))
     status = pp.event_status(all_rows)
     pmu = targets.get("pmu") or {}
     reason = hardware_reason(pmu, status) if all_rows else None
     training = next((t for t in threads if t["tid"] == main_pid), None)
-    if training is None and threads:
-        training = threads[0]
+    if training is None:
+        training = next((t for t in threads if t["group"] == "main"), None)
     return {
         "perf_version": targets.get("perf_version"),
         "interval_s": (targets.get("interval_ms") or 0) / 1000.0 or None,
@@ -377,6 +378,17 @@ def summarise(texts: dict[str, str], targets: dict[str, Any], errors: dict[str, 
         "threads": threads,
         "unparsed_lines": unparsed,
     }
+
+
+def _role(pid: int | None, main_pid: int, comm: str | None, ppid: int | None) -> str:
+    """main, dataloader_worker (recent torch names its worker processes pt_data_worker) or child
+    (a rank under a launcher, a compiler subprocess, a worker of an older torch). The process and
+    py-spy evidence settle roles; this is a label."""
+    if pid == main_pid:
+        return "main"
+    if (comm or "").startswith("pt_data_worker"):
+        return "dataloader_worker"
+    return "child"
 
 
 def _r(x: float | None) -> float | None:

@@ -54,9 +54,10 @@ def _candidates(ev: Evidence, perf: dict[str, Any], spy: dict[str, Any]) -> list
     groups = perf.get("groups") or {}
     f_wait, f_load = bd.get("data_wait", 0.0), bd.get("data_load", 0.0)
     workers = spy.get("workers") or {}
-    if f_wait >= SHARE_MIN and groups.get("workers"):
+    wcounters = _worker_counters(perf, workers)
+    if f_wait >= SHARE_MIN and wcounters:
         out.append({"where": "workers", "label": "the DataLoader workers", "share": f_wait,
-                    "counters": groups["workers"], "model": "workers",
+                    "counters": wcounters, "model": "workers",
                     "stack": _stack_where(workers.get("top_stacks")), "kind": _kind(workers.get("breakdown"))})
     tthread = _training_thread_counters(perf, tt)
     if f_load >= SHARE_MIN and tthread:
@@ -74,6 +75,35 @@ def _candidates(ev: Evidence, perf: dict[str, Any], spy: dict[str, Any]) -> list
                     "share": compute, "counters": tthread, "model": "serial",
                     "stack": _stack_where(top.get(best)), "kind": "compute"})
     return out
+
+
+SUMMED = ("instructions", "cycles", "llc_loads", "llc_load_misses", "cache_references", "cache_misses",
+          "task_clock_s", "major_faults", "context_switches")
+
+
+def _worker_counters(perf: dict[str, Any], workers: dict[str, Any]) -> dict[str, Any] | None:
+    """Counters of the processes py-spy saw running torch's _worker_loop, summed; else perf's
+    'workers' session (every descendant of the target)."""
+    pids = {w.get("pid") for w in workers.get("per_worker") or []}
+    procs = [p for p in perf.get("processes") or [] if p.get("pid") in pids]
+    if not procs:
+        return (perf.get("groups") or {}).get("workers")
+    tot = {k: sum(p.get(k) or 0.0 for p in procs) if any(p.get(k) is not None for p in procs) else None
+           for k in SUMMED}
+    ins, cyc = tot["instructions"], tot["cycles"]
+    loads, misses = tot["llc_loads"], tot["llc_load_misses"]
+    source = "LLC-load-misses/LLC-loads"
+    if not loads:
+        loads, misses, source = tot["cache_references"], tot["cache_misses"], "cache-misses/cache-references"
+    ipc_t = [p["ipc_trust"] for p in procs if p.get("ipc_trust") is not None]
+    miss_t = [p["llc_miss_trust"] for p in procs if p.get("llc_miss_trust") is not None]
+    secs = next((p.get("seconds") for p in procs if p.get("seconds")), None) or perf.get("window_s")
+    return {"ipc": round(ins / cyc, 4) if ins and cyc else None, "ipc_trust": min(ipc_t) if ipc_t else None,
+            "llc_miss_ratio": round(misses / loads, 4) if loads and misses is not None else None,
+            "llc_miss_trust": min(miss_t) if miss_t else None, "llc_source": source if loads else None,
+            "llc_mpki": round(misses * 1000.0 / ins, 4) if ins and misses is not None else None,
+            "major_faults_per_s": round(tot["major_faults"] / secs, 3) if tot["major_faults"] is not None and secs else None,
+            "pids": sorted(p["pid"] for p in procs), "series": []}
 
 
 def _training_thread_counters(perf: dict[str, Any], tt: dict[str, Any]) -> dict[str, Any] | None:
