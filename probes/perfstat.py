@@ -245,7 +245,13 @@ class PerfStatProbe(Probe):
                 rec.add(f"{name}.perf.txt", out_text)
                 rec.add(f"{name}.stderr.txt", err_text[-20000:])
                 results[name] = {"rc": rc, "rows": len(pp.parse_text(out_text, SEP).rows)}
+        except BaseException:
+            rec.stop_all()           # a session that did start must not outlive a failed capture
+            raise
         finally:
+            for _p, _o, err in procs.values():
+                if not err.closed:
+                    err.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
         # Threads that started while perf listed them: the union of both listings maps every tid.
         for p in list(tasks):

@@ -139,3 +139,34 @@ def test_unprivileged_user_counts_user_space_only_and_may_not_watch_others(workl
     assert out["other_ok"] is False and "belongs to uid 0" in out["other_reason"]
     assert "CAP_PERFMON" in out["other_reason"]
     assert w.alive()
+
+
+@needs_perf
+def test_a_target_that_exits_mid_window_keeps_what_was_counted():
+    import threading
+    p = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.2: pass"])
+    reaper = threading.Thread(target=p.wait)      # reaped at exit, as a job's launcher would
+    reaper.start()
+    res = run_session(WatchSpec(pid=p.pid, window_s=4.0), [PerfStatProbe()], progress=lambda m: None)
+    reaper.join(timeout=10)
+    cap = res.captures[0]
+    assert cap.status == "ok", cap.reason
+    ev = PerfStatProbe.parse(cap)
+    assert 1 <= ev["sessions"]["main"]["intervals"] < 10          # perf stopped with its target
+    assert ev["training_thread"]["task_clock_s"] > 0.3
+    assert perf_sessions_attached_to(p.pid) == []
+
+
+@needs_perf
+def test_a_target_gone_before_perf_attaches_is_target_gone():
+    import threading
+    import time
+
+    from probes.base import Capture, Recorder
+    from probes.errors import TargetGone
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout=10)
+    rec = Recorder(Capture("perfstat"), threading.Event())
+    with pytest.raises(TargetGone):
+        PerfStatProbe().capture(WatchSpec(pid=p.pid, window_s=1.0), rec, time.monotonic() + 1.0)
+    assert rec.live_children() == []
