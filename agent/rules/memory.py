@@ -163,7 +163,7 @@ def _numa_fix(ev: Evidence, facts: list[Fact]) -> Fix | None:
 
 def _traffic_fix(cand: dict[str, Any], uses_cuda: bool) -> Fix:
     kind = cand.get("kind")
-    where = f" ({cand['stack']})" if cand.get("stack") else ""
+    where = f" in {cand['stack'].split(' > ')[-1]}" if cand.get("stack") else ""
     if kind == "collate":
         return Fix("Copy less in collate" + where,
                    change="return contiguous tensors from __getitem__ (not lists or numpy object arrays) so "
