@@ -11,6 +11,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("probes.process", "ProcessProbe"),
     ("probes.pyspy", "PySpyProbe"),
     ("probes.gpu", "GpuProbe"),
+    ("probes.perfstat", "PerfStatProbe"),
 )
 
 

@@ -18,6 +18,7 @@ RuleFn = Callable[[Evidence], Optional[Finding]]
 
 RULE_MODULES = (
     "agent.rules.dataloader",
+    "agent.rules.memory",
     "agent.rules.compute",
     "agent.rules.gpu",
 )
