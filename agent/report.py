@@ -73,5 +73,5 @@ def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str
         "findings": [f.to_dict() for f in findings],
         "overhead": overhead,
         "rules": [r.to_dict() for r in rule_runs],
-        "notes": list(notes or []),
+        "notes": list(notes or []) + [n for n in ev.notes if n not in (notes or [])],
     }

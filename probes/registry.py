@@ -10,6 +10,8 @@ from probes.base import Probe
 PROBES: tuple[tuple[str, str], ...] = (
     ("probes.process", "ProcessProbe"),
     ("probes.pyspy", "PySpyProbe"),
+    ("probes.topology", "TopologyProbe"),
+    ("probes.placement", "PlacementProbe"),
 )
 
 

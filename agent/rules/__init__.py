@@ -18,6 +18,8 @@ RuleFn = Callable[[Evidence], Optional[Finding]]
 
 RULE_MODULES = (
     "agent.rules.dataloader",
+    "agent.rules.numa",
+    "agent.rules.pcie",
     "agent.rules.compute",
 )
 
