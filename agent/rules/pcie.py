@@ -139,7 +139,7 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
         if b["util"] is not None:
             facts.append(Fact("gpu", f"GPU {r['index']} mean utilisation over the window (%)", round(b["util"], 1)))
         elif b["speed_short"] and not b["width_short"]:
-            facts.append(Fact("topology", f"GPU {r['index']}: its load was not measured; an idle GPU lowers its link "
+            facts.append(Fact("topology", f"GPU {r['index']} ({r['bdf']}): its load was not measured; an idle GPU lowers its link "
                                           "speed to save power, so re-check under load", None))
     facts += [Fact("topology", n, None) for n in nics]
     bdfs = ",".join(b["row"]["bdf"] for b in bad)

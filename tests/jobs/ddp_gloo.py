@@ -3,7 +3,8 @@
     python -m torch.distributed.run --standalone --nproc-per-node=2 tests/jobs/ddp_gloo.py --seconds 60
 
 Each rank trains a small MLP and loads batches through one DataLoader worker; rank 0 prints
-PROGRESS lines like the bundled train_cpu workload.
+PROGRESS lines like the bundled train_cpu workload. With --report-policy each rank first prints
+the memory policy its heap runs under (what `numactl --membind` changes).
 """
 import argparse
 import os
@@ -27,7 +28,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--num-workers", type=int, default=1)
+    ap.add_argument("--report-policy", action="store_true",
+                    help="print the memory policy of this rank's heap (numa_maps: default, bind:N, ...)")
     args = ap.parse_args()
+    if args.report_policy:
+        heap = next((ln for ln in open("/proc/self/numa_maps") if " heap" in ln), "? ?")
+        print(f"POLICY local_rank={os.environ.get('LOCAL_RANK')} policy={heap.split()[1]}", flush=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
