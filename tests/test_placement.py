@@ -124,3 +124,16 @@ def test_live_probe_reports_a_vanished_target(workload):
     w.stop()
     av = PlacementProbe().check(WatchSpec(pid=w.pid, window_s=1))
     assert not av.ok and str(w.pid) in av.reason
+
+
+def test_a_huge_process_keeps_its_cpu_placement_but_skips_the_page_walk():
+    from probes.placement import Sampler
+    s = Sampler(4000, MOMENTS[0], numa_maps_max_rss_gb=2.0)          # ranks hold 2.5 GB, workers 0.9 GB
+    s.sample(MOMENTS[0])
+    s.sample(MOMENTS[1])
+    s.finish(MOMENTS[1])
+    pl = PlacementProbe.parse(Capture("placement", artifacts={"placement.json": json.dumps(s.artifact())}))
+    procs = {p["pid"]: p for p in pl["processes"]}
+    assert procs[4103]["memory"] is None and "2 GB" in procs[4103]["numa_maps_skipped"]
+    assert procs[4103]["cpu_seconds_by_node"] == {"0": pytest.approx(2.13)}
+    assert procs[4203]["memory"] is not None and procs[4203]["numa_maps_skipped"] is None

@@ -337,9 +337,8 @@ def numa_remote(ev: Evidence) -> Finding | None:
         workers = [m for m in members if m["pid"] != proc["pid"]]
         cpu_by = by_node_cpu(proc)
         w_cpu_by = _sum_maps([by_node_cpu(w) for w in workers])
-        mem_by = {k: float(v) for k, v in ((proc.get("memory") or {}).get("data_bytes_by_node") or {}).items()}
-        w_mem_by = _sum_maps([{k: float(v) for k, v in ((w.get("memory") or {}).get("data_bytes_by_node") or {}).items()}
-                              for w in workers])
+        mem_by = _data_bytes(proc)
+        w_mem_by = _sum_maps([_data_bytes(w) for w in workers])
         cpu_off = _off_share(cpu_by, g, MIN_CPU_S)
         mem_off = _off_share(mem_by, g, MIN_DATA_BYTES)
         w_cpu_off = _off_share(w_cpu_by, g, MIN_CPU_S)
@@ -352,7 +351,8 @@ def numa_remote(ev: Evidence) -> Finding | None:
         r = max(x for x in (cpu_off, mem_off, 0.0) if x is not None)
         rw = max(x for x in (w_cpu_off, w_mem_off, 0.0) if x is not None)
         remote = (r >= REMOTE_SHARE or rw >= REMOTE_SHARE or cpus_exclude or mems_exclude)
-        used_remote = {int(n) for m in (cpu_by, mem_by, w_cpu_by, w_mem_by) for n, v in m.items() if v > 0 and int(n) != g}
+        used_remote = {int(n) for m in (cpu_by, mem_by, w_cpu_by, w_mem_by)
+                       for n, v in m.items() if v > 0 and int(n) != g}
         used_remote |= {n for n in allowed if n != g} if cpus_exclude else set()
         k, k_src = _worst_k(ev, g, used_remote or {n for n in ncpus if n != g and ncpus[n]})
         h, w, h_src = _host_share(ev, proc)
@@ -387,17 +387,21 @@ def numa_remote(ev: Evidence) -> Finding | None:
     facts: list[Fact] = []
     fixes: list[Fix] = []
     for j in sorted(remote_units, key=lambda x: -x["speedup"]):
-        facts.append(Fact("topology", f"{j['label']} uses GPU {j['gpu_index']} ({j['gpu_bdf']}) on NUMA node "
-                                      f"{j['gpu_node']} ({j['gpu_node_source']}; GPU from {j['gpu_how']})", j["gpu_node"]))
+        who = j["label"]
+        facts.append(Fact("topology", f"{who} uses GPU {j['gpu_index']} ({j['gpu_bdf']}) on NUMA node "
+                                      f"{j['gpu_node']} ({j['gpu_node_source']}; GPU from {j['gpu_how']})",
+                          j["gpu_node"]))
         if j["cpu_remote_share"] is not None:
-            facts.append(Fact("placement", f"{j['label']}: share of its CPU time on other nodes "
-                                           f"(seconds by node {_fmt_map(j['cpu_seconds_by_node'])})", j["cpu_remote_share"]))
+            by = _fmt_map(j["cpu_seconds_by_node"])
+            facts.append(Fact("placement", f"{who}: share of its CPU time on other nodes (seconds by node {by})",
+                              j["cpu_remote_share"]))
         if j["memory_remote_share"] is not None:
-            facts.append(Fact("placement", f"{j['label']}: share of its data pages on other nodes "
-                                           f"(MB by node {_fmt_map(j['data_bytes_by_node'], 2 ** 20)})", j["memory_remote_share"]))
+            by = _fmt_map(j["data_bytes_by_node"], 2 ** 20)
+            facts.append(Fact("placement", f"{who}: share of its data pages on other nodes (MB by node {by})",
+                              j["memory_remote_share"]))
         if j["cpus_exclude_gpu_node"] or j["mems_exclude_gpu_node"]:
-            facts.append(Fact("placement", f"{j['label']}: bound away from node {j['gpu_node']} "
-                                           f"(Cpus_allowed_list {j['cpus_allowed']}, Mems_allowed_list {j['mems_allowed']})",
+            facts.append(Fact("placement", f"{who}: bound away from node {j['gpu_node']} (Cpus_allowed_list "
+                                           f"{j['cpus_allowed']}, Mems_allowed_list {j['mems_allowed']})",
                               j["nodes_allowed"]))
         if j["workers"] and j["workers_cpu_remote_share"] is not None:
             facts.append(Fact("placement", f"{j['label']}: share of its {len(j['workers'])} worker(s)' CPU time on "
@@ -473,6 +477,10 @@ def _rank_nodes(ev: Evidence, judged: list[dict[str, Any]], procs: dict[int, dic
         if row is not None and row["node"] is not None:
             out[lr] = row["node"]
     return out
+
+
+def _data_bytes(p: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in ((p.get("memory") or {}).get("data_bytes_by_node") or {}).items()}
 
 
 def _r(x: float | None) -> float | None:

@@ -139,8 +139,8 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
         if b["util"] is not None:
             facts.append(Fact("gpu", f"GPU {r['index']} mean utilisation over the window (%)", round(b["util"], 1)))
         elif b["speed_short"] and not b["width_short"]:
-            facts.append(Fact("topology", f"GPU {r['index']} ({r['bdf']}): its load was not measured; an idle GPU lowers its link "
-                                          "speed to save power, so re-check under load", None))
+            facts.append(Fact("topology", f"GPU {r['index']} ({r['bdf']}): its load was not measured; an idle GPU "
+                                          "lowers its link speed to save power, so re-check under load", None))
     facts += [Fact("topology", n, None) for n in nics]
     bdfs = ",".join(b["row"]["bdf"] for b in bad)
     fixes.append(Fix("Confirm under load: the link state the GPU reports now",
@@ -149,7 +149,8 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
     fixes.append(Fix(f"Reseat the GPU(s) at {bdfs} (and riser or cable), check the slot's PCIe settings in the BIOS "
                      "(forced link speed, bifurcation); the link retrains at the next boot"))
     fixes.append(Fix("Until then, keep jobs off this node (Slurm shown)",
-                     command=f"scontrol update nodename=$(hostname -s) state=drain reason=\"GPU PCIe link degraded: {bdfs}\""))
+                     command=("scontrol update nodename=$(hostname -s) state=drain "
+                              f"reason=\"GPU PCIe link degraded: {bdfs}\"")))
     worst_st = worst["state"]
     title = (f"GPU {worst['row']['index']}'s PCIe link runs at Gen{worst_st['cur_gen']} x{worst_st['cur_width']} of "
              f"Gen{worst_st['max_gen']} x{worst_st['max_width']} ({pct(worst['q'])} of its bandwidth)")
