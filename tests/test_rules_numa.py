@@ -238,3 +238,16 @@ def test_wrapper_script_really_binds_by_local_rank(tmp_path):
         assert out.stdout.split("] ")[1].strip() == "0"
     bad = subprocess.run(["sh", "-n", str(script)], capture_output=True)
     assert bad.returncode == 0
+
+
+def test_a_process_that_never_loaded_cuda_is_not_given_a_gpu():
+    ev = evidence(7000, topo="2s4g-degraded", roots=[str(TOPO / "2s4g-degraded")] * 2)
+    rows, _ = gpu_table(ev)
+    procs = {p["pid"]: p for p in ev.parsed["placement"]["processes"]}
+    unit = {"pid": 7000, "members": [7000]}
+    assert rank_gpu(ev, unit, procs, rows)[0]["index"] == 0                  # libcuda mapped: cuda:0
+    cpu_only = {7000: dict(procs[7000], uses_cuda=False)}
+    row, how = rank_gpu(ev, unit, cpu_only, rows)
+    assert row is None and "no sign" in how
+    ev.parsed["process"] = {"pid": 7000, "uses_cuda": True}                  # the process probe saw libcudart
+    assert rank_gpu(ev, unit, cpu_only, rows)[0]["index"] == 0

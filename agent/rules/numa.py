@@ -177,8 +177,10 @@ def rank_gpu(ev: Evidence, unit: dict[str, Any], procs: dict[int, dict[str, Any]
         if row is None:
             return None, f"LOCAL_RANK={lr} but only {len(rows)} GPU(s) here"
         return row, f"LOCAL_RANK={lr} -> GPU {lr} (assumes torch.cuda.set_device(LOCAL_RANK); {row['index_source']})"
-    if rows and (proc.get("uses_cuda") or len(rows) == 1):
-        return rows[0], f"no CUDA_VISIBLE_DEVICES or LOCAL_RANK: assumes cuda:0 -> GPU {rows[0]['index']}"
+    main = (ev.get("process") or {})
+    uses_cuda = proc.get("uses_cuda") or (main.get("pid") == proc["pid"] and main.get("uses_cuda"))
+    if rows and uses_cuda:
+        return rows[0], f"CUDA loaded, no CUDA_VISIBLE_DEVICES or LOCAL_RANK: assumes cuda:0 -> GPU {rows[0]['index']}"
     return None, "no sign of which GPU it uses (no NVML process entry, no CUDA_VISIBLE_DEVICES, no LOCAL_RANK)"
 
 
