@@ -30,6 +30,12 @@ class Evidence:
     parsed: dict[str, dict[str, Any]] = field(default_factory=dict)
     records: dict[str, ProbeRecord] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)   # target pid, window, host facts
+    notes: list[str] = field(default_factory=list)          # observations of rules that are not findings
+
+    def note(self, text: str) -> None:
+        """An informational line for the report's notes (a rule may add one whether or not it fires)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.parsed.get(name)

@@ -90,5 +90,10 @@ def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str
         "findings": [f.to_dict() for f in findings],
         "overhead": overhead,
         "rules": [r.to_dict() for r in rule_runs],
-        "notes": list(notes or []) + [n for n in (ev.get("gpu") or {}).get("notes", []) if n not in (notes or [])],
+        "notes": _dedupe(list(notes or []) + list((ev.get("gpu") or {}).get("notes", [])) + list(ev.notes)),
     }
+
+
+def _dedupe(lines: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [x for x in lines if not (x in seen or seen.add(x))]

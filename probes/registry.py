@@ -12,6 +12,8 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("probes.pyspy", "PySpyProbe"),
     ("probes.gpu", "GpuProbe"),
     ("probes.perfstat", "PerfStatProbe"),
+    ("probes.topology", "TopologyProbe"),
+    ("probes.placement", "PlacementProbe"),
 )
 
 

@@ -68,7 +68,7 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
         for fx in f.get("fixes", []):
             out.append("    " + st.cyan("fix: ") + fx["title"])
             if fx.get("change"):
-                out.append("      " + st.bold(fx["change"]))
+                out.extend("      " + st.bold(line) for line in fx["change"].splitlines())
             if fx.get("command"):
                 out.append("      $ " + st.bold(fx["command"]))
         out.append(_wrap(st.dim("how the number was derived: " + f["speedup_bound"]), "    "))

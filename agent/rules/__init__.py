@@ -19,6 +19,8 @@ RuleFn = Callable[[Evidence], Optional[Finding]]
 RULE_MODULES = (
     "agent.rules.dataloader",
     "agent.rules.memory",
+    "agent.rules.numa",
+    "agent.rules.pcie",
     "agent.rules.compute",
     "agent.rules.gpu",
 )
