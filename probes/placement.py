@@ -374,8 +374,7 @@ def _int(v: str | None) -> int | None:
 
 class PlacementProbe(Probe):
     name = "placement"
-    description = ("where the job's processes may run and did run, and where their memory sits: "
-                   "affinity, CPUs per thread, pages per NUMA node, LOCAL_RANK and CUDA_VISIBLE_DEVICES")
+    description = "where the job's processes may run, did run, and keep their memory (affinity, CPUs, NUMA pages)"
     needs = ("/proc readable for the target",)
     cost = "small: thread stat sampled ~8 times, numa_maps read once per process"
     timeout_s = 15.0

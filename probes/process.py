@@ -203,7 +203,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         ref = e or s
         env = environ.get(str(p), {})
         if ref is None:
-            processes.append({"pid": p, "ppid": parents.get(p), "role": _role(p, int(pid), parents, env, ""),
+            processes.append({"pid": p, "ppid": parents.get(p), "role": _role(p, int(pid), parents, env, "", environ=environ),
                               "cmdline": "", "cpu_seconds": None, "threads": [], "alive_at_end": False,
                               "seen": "listing", "env": env})
             continue
@@ -215,7 +215,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
             cpu -= s_st["utime_s"] + s_st["stime_s"]
         threads = _thread_rows(s, e, window_s)
         processes.append({
-            "pid": p, "ppid": st["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"]),
+            "pid": p, "ppid": st["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
             "cmdline": ref["cmdline"], "state": st["state"], "num_threads": st["num_threads"],
             "cpu_seconds": round(max(cpu, 0.0), 4),
             "cpu_cores": round(max(cpu, 0.0) / window_s, 4),
@@ -273,10 +273,12 @@ def _kb_to_mb(v: str | None) -> float | None:
 
 
 def _role(pid: int, main_pid: int, parents: dict[int, int], env: dict[str, str], cmdline: str,
-          main_cmdline: str = "") -> str:
+          main_cmdline: str = "", environ: dict[str, dict[str, str]] | None = None) -> str:
     if pid == main_pid:
         return "main"
-    if "LOCAL_RANK" in env:
+    parent_env = (environ or {}).get(str(parents.get(pid)), {})
+    # DataLoader workers inherit their rank's LOCAL_RANK: a rank is the first process that has it.
+    if "LOCAL_RANK" in env and parent_env.get("LOCAL_RANK") != env["LOCAL_RANK"]:
         return "rank"
     exe = cmdline.split(" ", 1)[0].rsplit("/", 1)[-1]
     if exe.startswith("python") or "multiprocessing" in cmdline or (main_cmdline and cmdline == main_cmdline):

@@ -183,7 +183,7 @@ def _traffic_fix(cand: dict[str, Any], uses_cuda: bool) -> Fix:
 
 # `gpu` (busy share, the GPU's NUMA node) and `topology` (NUMA node count) are read when present;
 # they join `uses` when those probes are registered (the conformance test allows only known probes).
-@rule("cpu.memory_bound", requires=("perfstat", "pyspy"), uses=("process",),
+@rule("cpu.memory_bound", requires=("perfstat", "pyspy"), uses=("process", "gpu", "topology"),
       description="the host code that limits the step runs at low IPC with many LLC misses (perf + py-spy)")
 def cpu_memory_bound(ev: Evidence) -> Finding | None:
     perf = ev.get("perfstat") or {}
