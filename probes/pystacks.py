@@ -66,29 +66,50 @@ def read_chrometrace(events: list[dict[str, Any]]) -> list[ThreadTrace]:
     what was sampled from then until the next change. Pseudo-frames that py-spy prepends
     (`process PID:"cmd"` with --subprocesses, `thread (TID): name` with --threads) are lifted
     out of the stack into the ThreadTrace.
+
+    py-spy keeps that open stack per thread id, not per process, and a forked DataLoader worker
+    keeps the thread id of the thread that forked it: with --subprocesses the training thread and
+    every worker share one id, and each sample of one of them closes the frames of whichever
+    process was sampled last on that id. So the stack is rebuilt per thread id, in py-spy's own
+    event order; each burst of events (one sample: one pid, thread id and timestamp) is credited
+    to its pid, and a process's stack lasts from its sample to that process's next sample.
     """
-    open_stacks: dict[tuple[int, int], list[Frame]] = {}
-    last_ts: dict[tuple[int, int], float] = {}
+    by_tid: dict[int, list[Frame]] = {}
+    burst: dict[int, tuple[int, float]] = {}                      # tid -> (pid, ts) being read
+    last: dict[tuple[int, int], tuple[float, tuple[Frame, ...]]] = {}
     traces: dict[tuple[int, int], ThreadTrace] = {}
-    for ev in sorted(events, key=lambda e: (e.get("ts", 0), 0 if e.get("ph") == "E" else 1)):
+
+    def close(tid: int) -> None:
+        pid, ts = burst.pop(tid)
+        key = (pid, tid)
+        prev = last.get(key)
+        if prev is not None and ts > prev[0] and prev[1]:
+            _append(traces[key], prev[0], ts, prev[1])
+        if prev is None or ts > prev[0]:
+            last[key] = (ts, tuple(by_tid[tid]))
+        else:
+            last[key] = (prev[0], tuple(by_tid[tid]))
+
+    for ev in sorted(events, key=lambda e: e.get("ts", 0)):       # stable: keeps py-spy's order
         ph = ev.get("ph")
         if ph not in ("B", "E"):
             continue
-        key = (int(ev["pid"]), int(ev["tid"]))
+        pid, tid = int(ev["pid"]), int(ev["tid"])
         ts = float(ev["ts"]) / 1e6
-        stack = open_stacks.setdefault(key, [])
-        tr = traces.get(key)
-        if tr is None:
-            tr = traces[key] = ThreadTrace(key[0], key[1], None, None, [])
-        prev = last_ts.get(key)
-        if prev is not None and ts > prev and stack:
-            _append(tr, prev, ts, tuple(stack))
-        last_ts[key] = ts
+        if burst.get(tid) != (pid, ts):
+            if tid in burst:
+                close(tid)
+            burst[tid] = (pid, ts)
+            if (pid, tid) not in traces:
+                traces[(pid, tid)] = ThreadTrace(pid, tid, None, None, [])
+        stack = by_tid.setdefault(tid, [])
         if ph == "B":
             args = ev.get("args") or {}
             stack.append(Frame(str(ev.get("name", "")), str(args.get("filename") or ""), int(args.get("line") or 0)))
         elif stack:
             stack.pop()
+    for tid in list(burst):
+        close(tid)
     for tr in traces.values():
         _lift_pseudo_frames(tr)
     return [t for t in traces.values() if t.spans]
@@ -234,3 +255,70 @@ def fold(stack: Iterable[Frame], prefix: Iterable[str] = ()) -> str:
     """A folded-stack key (root first, ';' separated) for Brendan Gregg's format."""
     parts = list(prefix) + [f.label().replace(";", ":") for f in stack]
     return ";".join(parts)
+
+
+# -- folded stacks for flamegraphs ---------------------------------------------------------------
+
+_PKG_MARKERS = ("/site-packages/", "/dist-packages/")
+_STDLIB = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)*t?/")
+
+
+def short_path(filename: str) -> str:
+    """A readable path for a frame: the package-relative path for installed code
+    (`torch/nn/modules/module.py`), the path under the stdlib directory (`multiprocessing/queues.py`),
+    the file name for anything else (the user's script)."""
+    if not filename or filename.startswith("<"):
+        return filename
+    for m in _PKG_MARKERS:
+        i = filename.rfind(m)
+        if i >= 0:
+            return filename[i + len(m):]
+    m = None
+    for m in _STDLIB.finditer(filename):
+        pass
+    if m is not None:
+        return filename[m.end():]
+    return filename.rsplit("/", 1)[-1]
+
+
+def frame_label(f: Frame) -> str:
+    """`function (path.py:line)`: one flamegraph frame, safe for the folded format."""
+    name = f.name.replace(";", ":").replace("\n", " ")
+    if not f.filename:
+        return name
+    return f"{name} ({short_path(f.filename).replace(';', ':')}:{f.line})"
+
+
+def fold_traces(traces: Iterable[ThreadTrace], threads: bool = False, processes: bool = False) -> dict[str, int]:
+    """Folded stacks (root first) weighted by the integer microseconds each stack was seen for.
+
+    `processes` puts a `process PID` frame at the root, `threads` a `thread (TID) NAME` frame under
+    it, as py-spy does with --subprocesses and --threads; without them all threads merge.
+    """
+    labels: dict[Frame, str] = {}
+    keys: dict[tuple[Frame, ...], str] = {}
+    out: dict[str, int] = {}
+    for tr in traces:
+        prefix = []
+        if processes:
+            prefix.append(f"process {tr.pid}")
+        if threads:
+            tid = tr.os_tid if tr.os_tid is not None else tr.thread_key
+            prefix.append(f"thread ({tid}) {tr.name or ''}".rstrip().replace(";", ":"))
+        head = ";".join(prefix)
+        for sp in tr.spans:
+            us = int(round(sp.seconds * 1e6))
+            if us <= 0:
+                continue
+            body = keys.get(sp.stack)
+            if body is None:
+                parts = []
+                for fr in sp.stack:
+                    lab = labels.get(fr)
+                    if lab is None:
+                        lab = labels[fr] = frame_label(fr)
+                    parts.append(lab)
+                body = keys[sp.stack] = ";".join(parts)
+            key = f"{head};{body}" if head and body else (head or body)
+            out[key] = out.get(key, 0) + us
+    return out
