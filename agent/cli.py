@@ -17,6 +17,8 @@ from agent import __version__
 COMMANDS = (
     ("agent.commands.diagnose", "diagnose"),
     ("agent.commands.demo", "demo"),
+    ("agent.commands.flamegraph", "flamegraph"),
+    ("agent.commands.report", "report"),
 )
 
 
