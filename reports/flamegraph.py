@@ -45,48 +45,82 @@ class Layout:
     pruned: int = 0           # frames left out for being narrower than the minimum width
 
 
-def layout(profile: Mapping[str, int], min_count: float = 0.0) -> Layout:
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    """Length of the common prefix of two stacks, by binary search on slices (compared in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:              # the answer lies in [lo, hi]: a[:lo] == b[:lo]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def layout(profile: Mapping[str, int], min_count: float = 0.0, with_ids: bool = False) -> Layout:
     """Merge stacks into frames in one pass over the stacks sorted root first (flamegraph.pl's
-    flow): a frame stays open while consecutive stacks share it, and closes with its width."""
+    flow): a frame stays open while consecutive stacks share it, and closes with its width.
+
+    Frames narrower than `min_count` are left out. A stack's frames below what it shares with
+    its neighbours are as wide as its own count, so when that count is under `min_count` they are
+    dropped before the pass: most frames of a large profile never get opened at all.
+    `with_ids` numbers each frame path (for a differential graph).
+    """
     items = sorted((k.split(";") if k else [], int(v)) for k, v in profile.items() if v > 0)
+    count = len(items)
+    lcp = [0] * (count + 1)
+    for i in range(1, count):
+        lcp[i] = _common_prefix(items[i - 1][0], items[i][0])
+    pruned = 0
+    if min_count > 0:
+        for i, (frames, n) in enumerate(items):
+            if n < min_count:
+                keep = lcp[i] if lcp[i] > lcp[i + 1] else lcp[i + 1]
+                if keep < len(frames):
+                    pruned += len(frames) - keep
+                    items[i] = (frames[:keep], n)
     ids: dict[tuple[int, str], int] = {}
     nodes: list[tuple[int, int, int, str, int]] = []
+    append = nodes.append
     starts: list[int] = []
     open_ids: list[int] = []
     prev: list[str] = []
     x = 0
-    pruned = 0
     max_depth = 0
-    for frames, n in items:
-        common = 0
-        limit = min(len(prev), len(frames))
-        while common < limit and prev[common] == frames[common]:
-            common += 1
+    for i, (frames, n) in enumerate(items):
+        common = lcp[i]
+        if common > len(frames):
+            common = len(frames)
+        if common > len(prev):
+            common = len(prev)
         for d in range(len(prev) - 1, common - 1, -1):
             w = x - starts[d]
             if w >= min_count:
-                nodes.append((d + 1, starts[d], w, prev[d], open_ids[d]))
-                if d + 1 > max_depth:
+                append((d + 1, starts[d], w, prev[d], open_ids[d] if with_ids else 0))
+                if d >= max_depth:
                     max_depth = d + 1
             else:
                 pruned += 1
         del starts[common:]
-        del open_ids[common:]
-        parent = open_ids[-1] if open_ids else 0
-        for name in frames[common:]:
-            key = (parent, name)
-            pid = ids.get(key)
-            if pid is None:
-                pid = ids[key] = len(ids) + 1
-            open_ids.append(pid)
-            starts.append(x)
-            parent = pid
+        if with_ids:
+            del open_ids[common:]
+            parent = open_ids[-1] if open_ids else 0
+            for name in frames[common:]:
+                key = (parent, name)
+                pid = ids.get(key)
+                if pid is None:
+                    pid = ids[key] = len(ids) + 1
+                open_ids.append(pid)
+                parent = pid
+        starts.extend([x] * (len(frames) - common))
         x += n
         prev = frames
     for d in range(len(prev) - 1, -1, -1):
         w = x - starts[d]
         if w >= min_count:
-            nodes.append((d + 1, starts[d], w, prev[d], open_ids[d]))
+            append((d + 1, starts[d], w, prev[d], open_ids[d] if with_ids else 0))
             max_depth = max(max_depth, d + 1)
         else:
             pruned += 1
@@ -94,26 +128,21 @@ def layout(profile: Mapping[str, int], min_count: float = 0.0) -> Layout:
     return Layout(total=x, nodes=nodes, max_depth=max_depth, ids=ids, pruned=pruned)
 
 
-def inclusive_by_path(profile: Mapping[str, int], ids: dict[tuple[int, str], int]) -> tuple[dict[int, int], int]:
-    """Inclusive counts of `profile` for the frame paths already known in `ids` (another
-    profile's layout), and the count of its stacks whose full path is not among them."""
+def inclusive_by_path(profile: Mapping[str, int], ids: dict[tuple[int, str], int]) -> dict[int, int]:
+    """Inclusive counts of `profile` for the frame paths numbered in `ids` (another profile's
+    layout, made `with_ids`)."""
     incl: dict[int, int] = {}
-    absent = 0
     for key, n in profile.items():
         if n <= 0:
             continue
         parent = 0
-        found = True
         for name in key.split(";") if key else []:
             pid = ids.get((parent, name))
             if pid is None:
-                found = False
                 break
             incl[pid] = incl.get(pid, 0) + n
             parent = pid
-        if not found:
-            absent += n
-    return incl, absent
+    return incl
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -204,7 +233,7 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
     inner = width - 2 * PAD
     total_guess = sum(v for v in profile.values() if v > 0)
     min_count = (minwidth_px * total_guess / inner) if total_guess else 0.0
-    lay = layout(profile, min_count)
+    lay = layout(profile, min_count, with_ids=before is not None)
     total = lay.total
     scale = inner / total if total else 0.0
     height = TOP + (lay.max_depth + 1) * FRAME_H + BOTTOM
@@ -215,7 +244,8 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
     max_abs = 0.0
     if diff:
         before_total = sum(v for v in before.values() if v > 0)  # type: ignore[union-attr]
-        incl, absent = inclusive_by_path(before, lay.ids)  # type: ignore[arg-type]
+        incl = inclusive_by_path(before, lay.ids)  # type: ignore[arg-type]
+        absent = sum(v for k, v in before.items() if v > 0 and k not in profile)  # type: ignore[union-attr]
         incl[0] = before_total
         for depth, _x, n, _label, pid in lay.nodes:
             a = n / total if total else 0.0
@@ -252,6 +282,7 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
         px = PAD + x * scale
         y = base_y - depth * FRAME_H
         share = n / total if total else 0.0
+        text_style = ""
         if diff:
             d = deltas.get(pid, 0.0)
             fill = diff_colour(d, max_abs)
@@ -259,6 +290,8 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
             info = (f"{fmt_share(share)} now ({fmt_count(n, unit)}), {fmt_share(b_share)} before, "
                     f"{'+' if d >= 0 else '-'}{100 * abs(d):.1f} points")
             extra = f' data-delta="{d:.6g}"'
+            if d < 0 and max_abs and abs(d) / max_abs > 0.6:
+                text_style = ' style="fill:#fff"'       # black on deep blue does not read
         else:
             fill = frame_colour(label)
             info = f"{fmt_count(n, unit)}, {fmt_share(share)} of the total"
@@ -267,7 +300,7 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
         text = fit(label, w)
         out.append(f'<g class="f" data-x="{x}" data-n="{n}"{extra}><title>{lab}\n{_esc(info)}</title>'
                    f'<rect x="{px:.2f}" y="{y}" width="{w:.2f}" height="{FRAME_H - 1}" fill="{fill}" rx="2"/>'
-                   f'<text x="{px + 3:.2f}" y="{y + FRAME_H - 4.5:.1f}">{_esc(text)}</text></g>')
+                   f'<text x="{px + 3:.2f}" y="{y + FRAME_H - 4.5:.1f}"{text_style}>{_esc(text)}</text></g>')
     out.append("</g>")
     if standalone:
         out.append(f'<script type="text/ecmascript"><![CDATA[\n{SCRIPT}\n'

@@ -242,7 +242,7 @@ def _timeline(visuals: Mapping[str, Any]) -> list[str]:
     y = 8
     gpu_h = 150
     if gpu:
-        util = gpu.get("utilization") or {}
+        util = {str(k): v for k, v in (gpu.get("utilization") or {}).items()}
         targets = [str(t) for t in gpu.get("target_gpus") or []]
         keys = sorted(util, key=lambda k: (k not in targets, int(k) if str(k).isdigit() else 0))
         top, bottom = y, y + gpu_h
