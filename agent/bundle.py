@@ -18,6 +18,7 @@ import os
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,7 @@ def _read_archive(path: str) -> dict[str, bytes]:
     memory: nothing is extracted to disk, so member names cannot escape anywhere)."""
     out: dict[str, bytes] = {}
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with tarfile.open(path, "r:gz") as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
             index = [m for m in members if m.name.rstrip("/").split("/")[-1] == INDEX]
             if not index:
@@ -152,8 +153,9 @@ def _read_archive(path: str) -> dict[str, bytes]:
                 fh = tar.extractfile(m)
                 if fh is not None:
                     out[m.name[len(prefix):]] = fh.read()
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleError(f"cannot read the bundle {path}: {exc}") from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise BundleError(f"cannot read the bundle {path} (a gzip-compressed tar archive): {why}") from None
     return out
 
 

@@ -267,8 +267,8 @@ def short_path(filename: str) -> str:
     """A readable path for a frame: the package-relative path for installed code
     (`torch/nn/modules/module.py`), the path under the stdlib directory (`multiprocessing/queues.py`),
     the file name for anything else (the user's script)."""
-    if not filename or filename.startswith("<"):
-        return filename
+    if not filename or not filename.startswith("/"):
+        return filename             # already relative (or `<frozen ...>`): keep it, so this is idempotent
     for m in _PKG_MARKERS:
         i = filename.rfind(m)
         if i >= 0:
@@ -292,8 +292,10 @@ def frame_label(f: Frame) -> str:
 def fold_traces(traces: Iterable[ThreadTrace], threads: bool = False, processes: bool = False) -> dict[str, int]:
     """Folded stacks (root first) weighted by the integer microseconds each stack was seen for.
 
-    `processes` puts a `process PID` frame at the root, `threads` a `thread (TID) NAME` frame under
-    it, as py-spy does with --subprocesses and --threads; without them all threads merge.
+    `processes` puts a `process (PID)` frame at the root, `threads` a `thread (TID, NAME)` frame
+    under it, as py-spy does with --subprocesses and --threads; without them all threads merge.
+    (No frame name ends in a number: a folded line `... name 12 34` reads as a differential one.)
+    Time in which py-spy saw no Python frame at all is left out.
     """
     labels: dict[Frame, str] = {}
     keys: dict[tuple[Frame, ...], str] = {}
@@ -301,10 +303,11 @@ def fold_traces(traces: Iterable[ThreadTrace], threads: bool = False, processes:
     for tr in traces:
         prefix = []
         if processes:
-            prefix.append(f"process {tr.pid}")
+            prefix.append(f"process ({tr.pid})")
         if threads:
             tid = tr.os_tid if tr.os_tid is not None else tr.thread_key
-            prefix.append(f"thread ({tid}) {tr.name or ''}".rstrip().replace(";", ":"))
+            name = (tr.name or "").replace(";", ":").replace("\n", " ").replace(")", "]").strip()
+            prefix.append(f"thread ({tid}, {name})" if name else f"thread ({tid})")
         head = ";".join(prefix)
         for sp in tr.spans:
             us = int(round(sp.seconds * 1e6))
@@ -320,5 +323,7 @@ def fold_traces(traces: Iterable[ThreadTrace], threads: bool = False, processes:
                     parts.append(lab)
                 body = keys[sp.stack] = ";".join(parts)
             key = f"{head};{body}" if head and body else (head or body)
+            if not key:
+                continue
             out[key] = out.get(key, 0) + us
     return out

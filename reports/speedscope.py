@@ -50,6 +50,8 @@ def document(profiles: Sequence[tuple[str, Mapping[str, int]]], name: str = "tra
                     i = index[lab] = len(frames)
                     frames.append(frame_of(lab))
                 ids.append(i)
+            if not ids:
+                continue            # no frame to show (the time a thread had no Python frame)
             samples.append(ids)
             weights.append(int(w))
         out_profiles.append({"type": "sampled", "name": pname, "unit": unit, "startValue": 0,

@@ -41,9 +41,9 @@ def gpu_evidence(mode: str, lo: float, hi: float) -> dict[str, Any]:
             "utilization": {0: [[b, v] for _a, b, v in pers]}}
 
 
-def h200_report(mode: str, with_gpu: bool = True, before_s: float = 4.0, after_s: float = 4.3):
-    """(report, visuals, evidence, captures) for one mode: the window starts `before_s` before the
-    py-spy recording (so NVML's idle periods before the loop started are in it)."""
+def h200_capture_and_context(mode: str, before_s: float = 4.0, after_s: float = 4.3):
+    """The py-spy capture of one mode and a diagnosis context for it: the window starts `before_s`
+    before the py-spy recording (so NVML's idle periods before the loop started are in it)."""
     start = nvml(mode)["started_unix_us"] / 1e6
     cap = h200_pyspy_capture(mode)
     cap.meta["launch_unix"] = start
@@ -51,6 +51,13 @@ def h200_report(mode: str, with_gpu: bool = True, before_s: float = 4.0, after_s
     ctx = {"host": {"hostname": "h200-node", "cpus": 16, "numa_nodes": 1, "kernel": "6.8.0"},
            "target": {"pid": h200_pid(mode), "cmdline": f"python3 workloads.py {mode} 16"},
            "window": window, "uses_cuda": True}
+    return cap, ctx
+
+
+def h200_report(mode: str, with_gpu: bool = True, before_s: float = 4.0, after_s: float = 4.3):
+    """(report, visuals, evidence, captures) for one mode."""
+    cap, ctx = h200_capture_and_context(mode, before_s, after_s)
+    window = ctx["window"]
     ev = evidence_mod.build([cap], ctx)
     ev.context["cpus_available"] = 16
     if with_gpu:

@@ -232,3 +232,10 @@ def test_profile_of_real_capture_counts_microseconds_of_each_thread():
     prof = profiles.training_profile(st)
     assert folded.total(prof) == pytest.approx(st.training.seconds * 1e6, rel=1e-4)
     assert json.dumps(prof)
+
+
+def test_short_path_is_idempotent():
+    for p in ("/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "/srv/x/train.py",
+              "/usr/lib/python3.11/threading.py"):
+        once = pystacks.short_path(p)
+        assert pystacks.short_path(once) == once
