@@ -8,14 +8,9 @@ writes and flamegraph.pl reads.
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable, Mapping, TextIO
 
 Profile = Mapping[str, int]
-
-_ONE = re.compile(r"^(.*?)\s+(\d+(?:\.\d+)?)\s*$")
-_TWO = re.compile(r"^(.*?)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s*$")
-
 
 class FoldedError(ValueError):
     """The text is not in the folded format."""
@@ -26,8 +21,29 @@ def clean_frame(name: str) -> str:
     return name.replace(";", ":").replace("\r", " ").replace("\n", " ")
 
 
+def _is_count(s: str) -> bool:
+    if s.isdigit():
+        return True
+    a, dot, b = s.partition(".")
+    return bool(dot) and a.isdigit() and b.isdigit()
+
+
 def _count(s: str) -> int:
     return int(s) if s.isdigit() else int(round(float(s)))
+
+
+def _split(line: str) -> tuple[str, str | None, str] | None:
+    """`stack [before] count` -> (stack, before or None, count), splitting from the right (in C:
+    a line can hold a kilobyte of frames)."""
+    parts = line.rsplit(None, 1)
+    if len(parts) == 1 and _is_count(parts[0]):
+        return "", None, parts[0]            # an empty stack: time at the root itself
+    if len(parts) != 2 or not _is_count(parts[1]):
+        return None
+    head = parts[0].rsplit(None, 1)
+    if len(head) == 2 and _is_count(head[1]):
+        return head[0], head[1], parts[1]
+    return parts[0], None, parts[1]
 
 
 def parse(text: str | Iterable[str]) -> dict[str, int]:
@@ -39,17 +55,13 @@ def parse(text: str | Iterable[str]) -> dict[str, int]:
     lines = text.splitlines() if isinstance(text, str) else text
     out: dict[str, int] = {}
     for no, line in enumerate(lines, 1):
-        line = line.rstrip("\r\n")
         if not line.strip():
             continue
-        m2 = _TWO.match(line)
-        if m2:
-            stack, n = m2.group(1), _count(m2.group(3))
-        else:
-            m = _ONE.match(line)
-            if not m:
-                raise FoldedError(f"line {no} is not `frame;frame;... COUNT`: {line[:80]!r}")
-            stack, n = m.group(1), _count(m.group(2))
+        got = _split(line)
+        if got is None:
+            raise FoldedError(f"line {no} is not `frame;frame;... COUNT`: {line.rstrip()[:80]!r}")
+        stack, _before, n_s = got
+        n = _count(n_s)
         if n:
             out[stack] = out.get(stack, 0) + n
     return out
@@ -62,10 +74,11 @@ def parse_diff(text: str) -> tuple[dict[str, int], dict[str, int]]:
     for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        m = _TWO.match(line)
-        if not m:
-            raise FoldedError(f"line {no} is not `frame;frame;... BEFORE AFTER`: {line[:80]!r}")
-        stack, a, b = m.group(1), _count(m.group(2)), _count(m.group(3))
+        got = _split(line)
+        if got is None or got[1] is None:
+            raise FoldedError(f"line {no} is not `frame;frame;... BEFORE AFTER`: {line.rstrip()[:80]!r}")
+        stack, a_s, b_s = got
+        a, b = _count(a_s), _count(b_s)  # type: ignore[arg-type]
         if a:
             before[stack] = before.get(stack, 0) + a
         if b:

@@ -302,11 +302,14 @@ def _timeline(visuals: Mapping[str, Any]) -> list[str]:
     if gpu:
         busy, idle = gpu.get("busy_fraction"), gpu.get("idle_fraction")
         per = gpu.get("sample_period_s")
+        runs = gpu.get("idle_intervals") or []
         legend.append(f'<span><i style="background:{GPU_LINE[0]}"></i>GPU utilization (NVML'
                       + (f", one sample every {float(per) * 1000:.0f} ms" if per else "") + ")"
-                      + (f": busy {100 * float(busy):.0f}% of the window" if busy is not None else "") + "</span>")
-        legend.append(f'<span><i style="background:{IDLE_FILL};border:1px solid #d62728"></i>GPU idle windows'
-                      + (f" ({100 * float(idle):.0f}% of the window)" if idle is not None else "") + "</span>")
+                      + (f": busy {100 * float(busy):.0f}%, idle {100 * float(idle):.0f}% of the window"
+                         if busy is not None and idle is not None else "") + "</span>")
+        legend.append(f'<span><i style="background:{IDLE_FILL};border:1px solid #d62728"></i>shaded: periods with no '
+                      f"kernel at all ({len(runs)}, {sum(b - a for a, b in runs):.1f} s); idle time inside partly "
+                      "busy periods cannot be placed</span>")
     if band:
         shares = tl.get("breakdown") or {}
         for cat in tl.get("categories") or list(CATEGORY_COLOURS):
