@@ -27,7 +27,7 @@ PAD = 10
 FRAME_H = 16
 FONT_SIZE = 12
 CHAR_W = 0.59          # average glyph width as a share of the font size (Verdana-like sans)
-TOP = 64               # title, subtitle, buttons
+TOP = 78               # title, two subtitle lines, buttons
 BOTTOM = 28            # the details line
 SEARCH_FILL = "rgb(230,0,230)"
 
@@ -262,15 +262,21 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
     out.append(head)
     out.append(f"<style>{CSS}</style>")
     out.append(f'<rect class="tp-bg" x="0" y="0" width="{width}" height="{height}" fill="#f7f7f2"/>')
-    out.append(f'<text class="tp-title" x="{width / 2:.0f}" y="24" text-anchor="middle">{_esc(title)}</text>')
+    # Title and subtitle lines are cut to the width (the full text stays in a tooltip).
+    title_room = width - 2 * PAD - 2 * 110
+    out.append(f'<g><title>{_esc(title)}</title><text class="tp-title" x="{width / 2:.0f}" y="24" '
+               f'text-anchor="middle">{_esc(fit(title, title_room, 17))}</text></g>')
     if diff:
-        sub = (f"{subtitle + '. ' if subtitle else ''}Widths: this profile ({fmt_count(total, unit)}); colour: change in "
-               f"share since before ({fmt_count(before_total, unit)}): red grew, blue shrank"
-               + (f"; {fmt_share(absent / before_total)} of before is in stacks absent now" if before_total and absent else ""))
+        legend = (f"Widths: this profile ({fmt_count(total, unit)}); colour: change in share since before "
+                  f"({fmt_count(before_total, unit)}): red grew, blue shrank"
+                  + (f"; {fmt_share(absent / before_total)} of before is in stacks absent now"
+                     if before_total and absent else ""))
     else:
-        sub = (f"{subtitle + '. ' if subtitle else ''}Total {fmt_count(total, unit)}. Red: your code; yellow: "
-               f"packages and stdlib; grey: native. Hover, click to zoom, Ctrl-F to search")
-    out.append(f'<text class="tp-sub" x="{width / 2:.0f}" y="44" text-anchor="middle">{_esc(sub)}</text>')
+        legend = (f"Total {fmt_count(total, unit)}. Red: your code; yellow: packages and stdlib; grey: native. "
+                  f"Hover, click to zoom, Ctrl-F to search")
+    for i, line in enumerate([x for x in (subtitle, legend) if x]):
+        out.append(f'<g><title>{_esc(line)}</title><text class="tp-sub" x="{width / 2:.0f}" y="{42 + 16 * i}" '
+                   f'text-anchor="middle">{_esc(fit(line, width - 2 * PAD, 12))}</text></g>')
     out.append(f'<text class="tp-unzoom tp-btn" x="{PAD}" y="24" style="display:none">Reset zoom</text>')
     out.append(f'<text class="tp-search tp-btn" x="{width - PAD}" y="24" text-anchor="end">Search</text>')
     out.append(f'<text class="tp-matched" x="{width - PAD}" y="{height - 10}" text-anchor="end"> </text>')

@@ -46,7 +46,7 @@ def test_svg_of_a_live_job_shows_its_python_frames(workload, tmp_path):
     assert any(lab.startswith("_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:") for lab in labels)
     # wall-clock microseconds of the process's threads over a ~2 s window (at least the main thread)
     assert 1.0e6 < total < 2.5e6 * 8
-    assert "non-blocking --idle" in root.find(f"{SVG}text[@class='tp-sub']").text
+    assert "non-blocking --idle" in root.find(f".//{SVG}text[@class='tp-sub']").text
     assert w.alive()
     assert "wrote svg to" in r.err
 
