@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--stacks", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--browser", action="store_true",
+                    help="also time headless Chromium opening the SVG and the HTML page (load event, then a paint)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     prof = synthetic_profile(a.stacks, a.samples)
@@ -127,6 +129,28 @@ def main() -> None:
         else:
             what = f"{len(out):,} stacks" if hasattr(out, "__len__") else ""
         print(f"{name:<36}{secs:>7.2f} s{cpu:>7.2f} s{cpu / base:>13.2f}  {what}")
+    if a.browser:
+        browser_times(results)
+
+
+def browser_times(results) -> None:
+    import tempfile
+
+    from tests.browser import Chromium
+
+    outputs = {name: out for name, _s, _c, out in results}
+    with tempfile.TemporaryDirectory() as d, Chromium(width=1240, height=900) as b:
+        files = {"SVG": (os.path.join(d, "p.svg"), outputs["SVG"].svg),
+                 "HTML page (one graph)": (os.path.join(d, "p.html"), outputs["HTML page (one graph)"])}
+        for name, (path, text) in files.items():
+            with open(path, "w") as fh:
+                fh.write(text)
+            t0 = time.perf_counter()
+            b.open(path)                       # navigate, load event, two animation frames
+            secs = time.perf_counter() - t0
+            n = b.eval("document.querySelectorAll('g.f').length")
+            print(f"Chromium opens the {name}: {secs:.2f} s to load and paint {n:,} frames"
+                  + (f"; errors: {b.log.errors()}" if b.log.errors() else ""))
 
 
 if __name__ == "__main__":
