@@ -18,6 +18,8 @@ COMMANDS = (
     ("agent.commands.diagnose", "diagnose"),
     ("agent.commands.demo", "demo"),
     ("agent.commands.preflight", "preflight"),
+    ("agent.commands.flamegraph", "flamegraph"),
+    ("agent.commands.report", "report"),
 )
 
 

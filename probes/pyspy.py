@@ -319,6 +319,17 @@ def _count_entries(timeline: list[list[Any]], cats: tuple[str, ...]) -> int:
     return n
 
 
+def split_traces(traces: list[pystacks.ThreadTrace], main_pid: int) -> tuple[
+        pystacks.ThreadTrace | None, list[pystacks.ThreadTrace], list[pystacks.ThreadTrace]]:
+    """(the training thread, the DataLoader workers' threads, the other threads of the main
+    process): the same split `analyse` makes, for views that need the stacks themselves."""
+    main_traces = [t for t in traces if t.pid == main_pid]
+    training = _pick_training_thread(main_traces)
+    workers = [t for t in traces if t.pid != main_pid and pystacks.is_worker_trace(t)]
+    others = [t for t in main_traces if t is not training]
+    return training, workers, others
+
+
 def _pick_training_thread(traces: list[pystacks.ThreadTrace]) -> pystacks.ThreadTrace | None:
     """The MainThread of the main process; else the thread with the most non-idle time."""
     for t in traces:

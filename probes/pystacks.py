@@ -258,3 +258,75 @@ def fold(stack: Iterable[Frame], prefix: Iterable[str] = ()) -> str:
     """A folded-stack key (root first, ';' separated) for Brendan Gregg's format."""
     parts = list(prefix) + [f.label().replace(";", ":") for f in stack]
     return ";".join(parts)
+
+
+# -- folded stacks for flamegraphs ---------------------------------------------------------------
+
+_PKG_MARKERS = ("/site-packages/", "/dist-packages/")
+_STDLIB = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)*t?/")
+
+
+def short_path(filename: str) -> str:
+    """A readable path for a frame: the package-relative path for installed code
+    (`torch/nn/modules/module.py`), the path under the stdlib directory (`multiprocessing/queues.py`),
+    the file name for anything else (the user's script)."""
+    if not filename or not filename.startswith("/"):
+        return filename             # already relative (or `<frozen ...>`): keep it, so this is idempotent
+    for m in _PKG_MARKERS:
+        i = filename.rfind(m)
+        if i >= 0:
+            return filename[i + len(m):]
+    m = None
+    for m in _STDLIB.finditer(filename):
+        pass
+    if m is not None:
+        return filename[m.end():]
+    return filename.rsplit("/", 1)[-1]
+
+
+def frame_label(f: Frame) -> str:
+    """`function (path.py:line)`: one flamegraph frame, safe for the folded format."""
+    name = f.name.replace(";", ":").replace("\n", " ")
+    if not f.filename:
+        return name
+    return f"{name} ({short_path(f.filename).replace(';', ':')}:{f.line})"
+
+
+def fold_traces(traces: Iterable[ThreadTrace], threads: bool = False, processes: bool = False) -> dict[str, int]:
+    """Folded stacks (root first) weighted by the integer microseconds each stack was seen for.
+
+    `processes` puts a `process (PID)` frame at the root, `threads` a `thread (TID, NAME)` frame
+    under it, as py-spy does with --subprocesses and --threads; without them all threads merge.
+    (No frame name ends in a number: a folded line `... name 12 34` reads as a differential one.)
+    Time in which py-spy saw no Python frame at all is left out.
+    """
+    labels: dict[Frame, str] = {}
+    keys: dict[tuple[Frame, ...], str] = {}
+    out: dict[str, int] = {}
+    for tr in traces:
+        prefix = []
+        if processes:
+            prefix.append(f"process ({tr.pid})")
+        if threads:
+            tid = tr.os_tid if tr.os_tid is not None else tr.thread_key
+            name = (tr.name or "").replace(";", ":").replace("\n", " ").replace(")", "]").strip()
+            prefix.append(f"thread ({tid}, {name})" if name else f"thread ({tid})")
+        head = ";".join(prefix)
+        for sp in tr.spans:
+            us = int(round(sp.seconds * 1e6))
+            if us <= 0:
+                continue
+            body = keys.get(sp.stack)
+            if body is None:
+                parts = []
+                for fr in sp.stack:
+                    lab = labels.get(fr)
+                    if lab is None:
+                        lab = labels[fr] = frame_label(fr)
+                    parts.append(lab)
+                body = keys[sp.stack] = ";".join(parts)
+            key = f"{head};{body}" if head and body else (head or body)
+            if not key:
+                continue
+            out[key] = out.get(key, 0) + us
+    return out

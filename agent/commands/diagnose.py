@@ -27,11 +27,17 @@ def _names(value: str | None) -> tuple[str, ...]:
 @click.option("--native", is_flag=True,
               help="Include native frames in py-spy stacks. This needs blocking sampling, which stops the "
                    "target's threads for each sample: use on a job you can afford to slow down.")
+@click.option("--save", "save_path", metavar="BUNDLE", default=None,
+              help="Also save the raw evidence to BUNDLE (a directory, or an archive when it ends in .tar.gz) "
+                   "for `trainprobe report BUNDLE`.")
+@click.option("--html", "html_path", metavar="FILE", default=None,
+              help="Also write the report as one self-contained HTML file (timeline, flame graphs).")
 @click.pass_obj
 def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool, only: str | None,
-            skip: str | None, native: bool) -> None:
+            skip: str | None, native: bool, save_path: str | None, html_path: str | None) -> None:
     """Attach to a running training process and explain what holds its step back."""
     from agent import diagnosis
+    from agent.commands.report import check_outputs, write_outputs
     from probes.registry import probe_classes
 
     known = {c.name for c in probe_classes()}
@@ -39,11 +45,13 @@ def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool
     if unknown:
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                                  param_hint="--probes/--skip")
+    check_outputs(app, save_path, html_path)
     try:
         d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
                           native=native, root=app.root, progress=app.progress)
     except UserError as exc:
         raise app.fail(str(exc), exc.exit_code) from None
+    write_outputs(app, d.report, d.evidence, d.captures, d.context, save_path, html_path)
     if as_json:
         from reports import jsonout
         jsonout.render(d.report, app.out)

@@ -1,0 +1,189 @@
+"""`trainprobe flamegraph`: sample a training process with py-spy and write a flame graph.
+
+Sampling is the py-spy probe's (non-blocking, --idle, so a loop blocked on its DataLoader shows
+where it waits); --threads and --subprocesses choose the view as py-spy's flags of the same name
+do. Formats: an interactive SVG, an HTML page, speedscope JSON, folded stacks. --diff BEFORE
+draws the change since a saved profile.
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from agent.cli import App
+from agent.target import EXIT_BAD_INPUT, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
+
+FORMATS = ("svg", "html", "speedscope", "folded")
+EXTENSIONS = {".svg": "svg", ".html": "html", ".htm": "html", ".json": "speedscope", ".folded": "folded",
+              ".collapsed": "folded", ".txt": "folded"}
+EXIT_FAILED = 1
+
+
+def format_for(fmt: str | None, output: str | None) -> str:
+    if fmt:
+        return fmt
+    if output:
+        ext = os.path.splitext(output)[1].lower()
+        if ext in EXTENSIONS:
+            return EXTENSIONS[ext]
+    return "svg"
+
+
+def _is_pseudo(frame: str) -> bool:
+    return frame.startswith(("process ", "thread ("))
+
+
+def split_by_root(profile: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
+    """One profile per process/thread root (speedscope shows one at a time), roots stripped."""
+    groups: dict[str, dict[str, int]] = {}
+    for key, n in profile.items():
+        parts = key.split(";")
+        i = 0
+        while i < len(parts) and _is_pseudo(parts[i]):
+            i += 1
+        name = " / ".join(parts[:i]) or "all threads"
+        rest = ";".join(parts[i:])
+        g = groups.setdefault(name, {})
+        g[rest] = g.get(rest, 0) + n
+    return sorted(groups.items())
+
+
+def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, threads: bool,
+           subprocesses: bool) -> tuple[dict[str, int], str, str]:
+    """Run the py-spy probe over one window -> (profile, title, subtitle)."""
+    from agent import profiles
+    from agent.session import run_session
+    from agent.target import resolve
+    from probes.base import WatchSpec
+    from probes.pyspy import PySpyProbe
+    from probes.target import is_alive
+
+    try:
+        info = resolve(pid, app.root).info
+    except UserError as exc:
+        raise app.fail(str(exc), exc.exit_code) from None
+    if native:
+        app.progress("--native: py-spy samples in blocking mode and stops the target's threads for every sample")
+    spec = WatchSpec(pid=info.pid, window_s=duration, rate_hz=rate, child_pids=tuple(info.children), native=native,
+                     root=app.root)
+    result = run_session(spec, [PySpyProbe()], app.progress, target_alive=lambda: is_alive(info.pid, app.root))
+    cap = result.captures[0]
+    gone = not is_alive(info.pid, app.root)
+    if cap.status != "ok" or not cap.artifacts.get("chrometrace.json"):
+        reason = cap.reason or "py-spy gathered nothing"
+        code = EXIT_TARGET_GONE if gone else (EXIT_NOT_PERMITTED if "ermi" in reason or "sudo" in reason else EXIT_FAILED)
+        raise app.fail(f"py-spy could not sample PID {info.pid}: {reason}", code)
+    prof = profiles.process_profile(profiles.stacks_of(cap), threads=threads, subprocesses=subprocesses)
+    if not prof:
+        raise app.fail(f"py-spy saw no Python stack in PID {info.pid} over {result.observed_s:.1f} s",
+                       EXIT_TARGET_GONE if gone else EXIT_FAILED)
+    mode = "blocking" if native else "non-blocking"
+    view = ("all processes" if subprocesses else "main process") + (", one root per thread" if threads else
+                                                                       ", threads merged")
+    title = f"PID {info.pid}: {info.cmdline[:90]}"
+    sub = (f"{result.observed_s:.1f} s window, py-spy {mode} --idle at {rate} Hz, {view}; "
+           f"counts are microseconds of wall-clock time")
+    return prof, title, sub
+
+
+@click.command("flamegraph")
+@click.option("--pid", type=int, default=None,
+              help="The training process. Default: the busiest Python process that loaded torch.")
+@click.option("--input", "input_path", metavar="PROFILE", default=None,
+              help="Draw a saved profile instead of sampling: a bundle, folded stacks, speedscope JSON or a "
+                   "py-spy chrometrace.")
+@click.option("--duration", type=click.FloatRange(0.5, 600.0), default=10.0, show_default=True,
+              help="Seconds to sample.")
+@click.option("--rate", type=click.IntRange(1, 500), default=50, show_default=True, help="Samples per second.")
+@click.option("-o", "--output", metavar="FILE", default=None, help="Write here (default: stdout).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Output format. Default: from the extension of -o (.svg .html .json .folded), else svg.")
+@click.option("--threads", is_flag=True, help="One root per thread instead of merging the threads.")
+@click.option("--subprocesses", is_flag=True, help="Include child processes (DataLoader workers), one root each.")
+@click.option("--native", is_flag=True,
+              help="Include native frames. Needs blocking sampling, which stops the target's threads for each "
+                   "sample: use on a job you can afford to slow down.")
+@click.option("--diff", "diff_path", metavar="BEFORE", default=None,
+              help="Differential flame graph against BEFORE (folded stacks, speedscope JSON, a bundle): red where "
+                   "a frame's share of the time grew, blue where it shrank.")
+@click.option("--title", default=None, help="Title of the graph.")
+@click.pass_obj
+def command(app: App, pid: int | None, input_path: str | None, duration: float, rate: int, output: str | None,
+            fmt: str | None, threads: bool, subprocesses: bool, native: bool, diff_path: str | None,
+            title: str | None) -> None:
+    """Sample a training process and write its flame graph (SVG, HTML, speedscope or folded)."""
+    from agent import profiles, visuals
+
+    fmt = format_for(fmt, output)
+    if pid is not None and input_path:
+        raise app.fail("give either --pid (sample a process) or --input (draw a saved profile), not both",
+                       EXIT_BAD_INPUT)
+    if diff_path and fmt == "speedscope":
+        raise app.fail("--diff draws a differential flame graph: use --format svg, html, or folded "
+                       "(two counts per line)", EXIT_BAD_INPUT)
+    if output:
+        why = visuals.check_output(output)
+        if why:
+            raise app.fail(why, EXIT_BAD_INPUT)
+    before = None
+    before_desc = ""
+    if diff_path:
+        try:
+            before, before_desc = profiles.load_profile(diff_path, threads, subprocesses)
+        except profiles.ProfileError as exc:
+            raise app.fail(f"--diff: {exc}", EXIT_BAD_INPUT) from None
+    if input_path:
+        try:
+            prof, desc = profiles.load_profile(input_path, threads, subprocesses)
+        except profiles.ProfileError as exc:
+            raise app.fail(f"--input: {exc}", EXIT_BAD_INPUT) from None
+        graph_title, sub = f"Flame graph of {desc}", ""
+    else:
+        prof, graph_title, sub = sample(app, pid, duration, rate, native, threads, subprocesses)
+    if title:
+        graph_title = title
+    if before is not None:
+        sub = (sub + "; " if sub else "") + f"before: {before_desc}"
+    text = render(prof, fmt, graph_title, sub, before)
+    if output:
+        tmp = f"{output}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, output)
+        except OSError as exc:
+            raise app.fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        app.progress(f"wrote {fmt} to {output}: {len(prof)} distinct stacks, {sum(prof.values()) / 1e6:.2f} s")
+    else:
+        app.out.write(text)
+        if hasattr(app.out, "flush"):
+            app.out.flush()
+
+
+def render(prof: dict[str, int], fmt: str, title: str, sub: str, before: dict[str, int] | None) -> str:
+    import io
+
+    from agent.profiles import UNIT
+    from reports import flamegraph, folded, html, speedscope
+
+    if fmt == "folded":
+        return folded.dumps_diff(before, prof) if before is not None else folded.dumps(prof)
+    if fmt == "speedscope":
+        buf = io.StringIO()
+        speedscope.write(split_by_root(prof), buf, name=title, unit="microseconds",
+                         exporter=f"trainprobe@{_version()}")
+        return buf.getvalue()
+    if fmt == "html":
+        buf = io.StringIO()
+        html.render_flamegraph_page(prof, buf, title, sub, unit=UNIT, before=before)
+        return buf.getvalue()
+    return flamegraph.render(prof, title=title, subtitle=sub, unit=UNIT, before=before).svg
+
+
+def _version() -> str:
+    from agent import __version__
+    return __version__

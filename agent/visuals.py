@@ -1,0 +1,107 @@
+"""What the HTML report draws beside the Report document: the GPU and training-thread timeline
+and the flame graphs. Built from Evidence and Captures (live or from a bundle) into plain data,
+so reports/html.py reads documents only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agent import profiles
+from agent.evidence import Evidence
+from probes.base import Capture
+from probes.pystacks import TRAIN_CATEGORIES
+
+GPU_KEYS = ("gpus", "target_gpus", "sample_period_s", "busy_fraction", "idle_fraction", "idle_intervals",
+            "utilization")
+
+
+def build(ev: Evidence, captures: list[Capture]) -> dict[str, Any]:
+    win = ev.context.get("window") or {}
+    out: dict[str, Any] = {"window": {"start_unix": win.get("start_unix"), "seconds": win.get("seconds")}}
+    spy = ev.get("pyspy")
+    tt = (spy or {}).get("training_thread")
+    if spy and tt and spy.get("timeline"):
+        out["timeline"] = {"training": spy["timeline"], "breakdown": tt.get("breakdown") or {},
+                           "categories": list(TRAIN_CATEGORIES)}
+    else:
+        out["timeline"] = {"training": [], "missing": ev.why_missing("pyspy") if not spy else
+                           "py-spy did not see the training thread"}
+    gpu = ev.get("gpu")
+    if gpu:
+        out["gpu"] = {k: gpu.get(k) for k in GPU_KEYS}
+    else:
+        out["gpu"] = None
+        out["gpu_missing"] = ev.why_missing("gpu")
+    out["flamegraphs"], missing = flamegraphs(ev, captures)
+    if missing:
+        out["flamegraphs_missing"] = missing
+    return out
+
+
+def _seconds(prof: dict[str, int]) -> float:
+    return sum(prof.values()) / 1e6
+
+
+def flamegraphs(ev: Evidence, captures: list[Capture]) -> tuple[list[dict[str, Any]], str | None]:
+    cap = profiles.pyspy_capture(captures)
+    if cap is None:
+        return [], ev.why_missing("pyspy") if not ev.has("pyspy") else "the py-spy capture holds no stacks"
+    try:
+        st = profiles.stacks_of(cap)
+    except profiles.ProfileError as exc:
+        return [], str(exc)
+    rate = cap.meta.get("rate_hz")
+    how = f"py-spy, {'non-blocking' if cap.meta.get('nonblocking', True) else 'blocking'}, --idle" + \
+          (f", {rate} Hz" if rate else "")
+    graphs: list[dict[str, Any]] = []
+    if st.training is None:
+        graphs.append({"title": "Training thread", "missing": "py-spy did not see the training thread"})
+    else:
+        prof = profiles.training_profile(st)
+        graphs.append({
+            "title": f"Training thread ({profiles.thread_title(st.training)})",
+            "graph_title": "Training thread",
+            "subtitle": f"{_seconds(prof):.2f} s of wall-clock time ({how}). Width: share of the thread's time.",
+            "profile": prof, "unit": profiles.UNIT,
+        })
+    if st.workers:
+        prof = profiles.workers_profile(st)
+        pids = sorted({t.pid for t in st.workers})
+        graphs.append({
+            "title": f"DataLoader workers ({len(pids)} process{'es' if len(pids) != 1 else ''})",
+            "graph_title": "DataLoader workers",
+            "subtitle": f"{_seconds(prof):.2f} s of worker time over {len(pids)} worker(s), merged ({how}). "
+                        "Width: share of all workers' time; idle is time waiting for the next index.",
+            "profile": prof, "unit": profiles.UNIT,
+        })
+    else:
+        graphs.append({"title": "DataLoader workers",
+                       "missing": "no DataLoader worker was seen: with num_workers=0 batches load in the training thread"})
+    return graphs, None
+
+
+def check_output(path: str) -> str | None:
+    """Before a run: the reason `path` cannot be written, or None."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        return f"cannot write {path}: it is a directory"
+    if not os.path.isdir(parent):
+        return f"cannot write {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK):
+        return f"cannot write {path}: {parent} is not writable"
+    return None
+
+
+def write_html(path: str, report: dict[str, Any], ev: Evidence, captures: list[Capture]) -> None:
+    """The HTML report of one diagnosis, written atomically (a reader never sees half a file)."""
+    from reports import html
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            html.render(report, fh, build(ev, captures))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
