@@ -87,6 +87,7 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
         th.start()
 
     interrupted = False
+    watch_end = deadline
     try:
         while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -94,14 +95,17 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
                 stop.set()
                 break
+        watch_end = min(time.monotonic(), deadline)
         for name, th in threads.items():
             probe = next(p for p in probes if p.name == name)
             th.join(timeout=max(0.0, deadline + probe.timeout_s - time.monotonic()))
     except KeyboardInterrupt:
         interrupted = True
+        watch_end = min(time.monotonic(), watch_end)
         progress("interrupted: stopping probes and reporting what was gathered")
         stop.set()
-    observed = time.monotonic() - t0
+    # The window is the time the probes watched the target; their start-up and teardown are not.
+    observed = watch_end - t0
     if interrupted or stop.is_set():
         for rec in recorders.values():
             rec.stop_all()
