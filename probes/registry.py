@@ -10,6 +10,9 @@ from probes.base import Probe
 PROBES: tuple[tuple[str, str], ...] = (
     ("probes.process", "ProcessProbe"),
     ("probes.pyspy", "PySpyProbe"),
+    ("probes.sched", "SchedProbe"),
+    ("probes.syscalls", "SyscallsProbe"),
+    ("probes.gil", "GilProbe"),
 )
 
 

@@ -18,6 +18,9 @@ RuleFn = Callable[[Evidence], Optional[Finding]]
 
 RULE_MODULES = (
     "agent.rules.dataloader",
+    "agent.rules.cpu",
+    "agent.rules.io",
+    "agent.rules.gil",
     "agent.rules.compute",
 )
 
