@@ -305,7 +305,7 @@ def capture_sched(spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> 
         b = loaded.bpf
         tree = ProcessTree(spec.pid, spec.root)
         u32, u8 = ctypes.c_uint32, ctypes.c_uint8
-        w_tgid, w_tid = b["watch_tgid"], b["watch_tid"]
+        w_tgid, w_tid = b[b"watch_tgid"], b[b"watch_tid"]
 
         def push() -> None:
             new_pids, new_tids = tree.refresh()
@@ -378,22 +378,22 @@ def capture_sched(spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> 
 
 def _read_maps(b: Any) -> dict[str, Any]:
     stats = {}
-    for k, v in b["stats"].items():
+    for k, v in b[b"stats"].items():
         stats[str(k.value)] = {f: int(getattr(v, f)) for f in STAT_FIELDS}
     hist: dict[str, dict[str, int]] = {}
-    for k, v in b["hist"].items():
+    for k, v in b[b"hist"].items():
         hist.setdefault(str(k.tid), {})[str(k.slot)] = int(v.value)
-    wakers = [[int(k.tid), int(k.waker), int(v.ns), int(v.n)] for k, v in b["wakers"].items()]
-    pending_runq = {str(k.value): int(v.value) for k, v in b["enq_ts"].items()}
-    pending_on = {str(k.value): int(v.value) for k, v in b["on_ts"].items()}
-    pending_off = {str(k.value): [int(v.ts), int(v.state)] for k, v in b["off_ts"].items()}
+    wakers = [[int(k.tid), int(k.waker), int(v.ns), int(v.n)] for k, v in b[b"wakers"].items()]
+    pending_runq = {str(k.value): int(v.value) for k, v in b[b"enq_ts"].items()}
+    pending_on = {str(k.value): int(v.value) for k, v in b[b"on_ts"].items()}
+    pending_off = {str(k.value): [int(v.ts), int(v.state)] for k, v in b[b"off_ts"].items()}
     events = [0, 0, 0]
     for i in range(3):
         try:
-            events[i] = int(sum(b["events"].getvalue(b["events"].Key(i))))
+            events[i] = int(sum(b[b"events"].getvalue(b[b"events"].Key(i))))
         except Exception:  # noqa: BLE001 - a per-CPU read that fails leaves the count unknown
             events[i] = 0
-    watched = sorted(int(k.value) for k in b["watch_tid"].keys())
+    watched = sorted(int(k.value) for k in b[b"watch_tid"].keys())
     return {"stats": stats, "hist": hist, "wakers": wakers, "pending_runq": pending_runq, "pending_on": pending_on,
             "pending_off": pending_off, "events": events, "watched_tids": watched}
 

@@ -332,7 +332,7 @@ class SyscallsProbe(Probe):
 
 def _events_total(b: Any) -> int:
     try:
-        return int(sum(b["events"].getvalue(b["events"].Key(0))))
+        return int(sum(b[b"events"].getvalue(b[b"events"].Key(0))))
     except Exception:  # noqa: BLE001
         return 0
 
@@ -363,7 +363,7 @@ def capture_syscalls(spec: WatchSpec, rec: Recorder, deadline_monotonic: float) 
         b = loaded.bpf
         tree = ProcessTree(spec.pid, spec.root)
         u32, u8 = ctypes.c_uint32, ctypes.c_uint8
-        w_tgid = b["watch_tgid"]
+        w_tgid = b[b"watch_tgid"]
 
         def push() -> None:
             new_pids, _ = tree.refresh()
@@ -478,18 +478,18 @@ def _fd_kind(root: str, tgid: int, fd: int) -> str:
 
 def _read_maps(b: Any, root: str, exclude: set[int]) -> dict[str, Any]:
     calls = [[int(k.tgid), int(k.nr), int(v.count), int(v.total_ns), int(v.max_ns), int(v.bytes), int(v.errors)]
-             for k, v in b["calls"].items() if int(k.tgid) not in exclude]
+             for k, v in b[b"calls"].items() if int(k.tgid) not in exclude]
     fds = []
-    for k, v in b["fds"].items():
+    for k, v in b[b"fds"].items():
         if int(k.tgid) in exclude:
             continue
         # Descriptors opened by open*() in the window are files; the others are resolved now.
         kind = "opened" if int(k.opened) else _fd_kind(root, int(k.tgid), int(k.fd))
         fds.append([int(k.tgid), int(k.fd), int(v.reads), int(v.bytes), int(v.four), int(v.eof), int(v.ns), kind])
-    sizes = [[int(k.tgid), int(k.slot), int(v.value)] for k, v in b["read_sizes"].items() if int(k.tgid) not in exclude]
-    spans = [[int(k.value), int(v.ns), int(v.n)] for k, v in b["spans"].items() if int(k.value) not in exclude]
+    sizes = [[int(k.tgid), int(k.slot), int(v.value)] for k, v in b[b"read_sizes"].items() if int(k.tgid) not in exclude]
+    spans = [[int(k.value), int(v.ns), int(v.n)] for k, v in b[b"spans"].items() if int(k.value) not in exclude]
     paths = []
-    for k, v in b["paths"].items():
+    for k, v in b[b"paths"].items():
         if int(k.tgid) in exclude:
             continue
         raw = bytes(k.path).split(b"\0", 1)[0]

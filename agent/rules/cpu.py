@@ -94,17 +94,20 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     bd = tt.get("breakdown") or {}
     f_data = (bd.get("data_wait", 0.0) + bd.get("data_load", 0.0)) if bd else None
 
-    over = len(busy) > p_cpus or demand > p_cpus * 1.05
-    loop_hit = r_loop >= TRAIN_RUNQ_SHARE
-    worker_hit = r_workers >= WORKER_RUNQ_SHARE and (f_data is None or f_data >= 0.10)
-    if not over or not (loop_hit or worker_hit):
-        return None
-
     sched = ev.get("sched") or {}
     job_cores = float(proc.get("total_cpu_cores") or sum(r["cpu"] for r in rows))
     others = None
     if sched.get("host_busy_cores") is not None:
         others = max(0.0, float(sched["host_busy_cores"]) - job_cores)
+
+    # Oversubscribed: what wants a CPU (the job's runnable threads, plus what other processes
+    # used, where the scheduler probe measured it) exceeds the CPUs.
+    over = demand + (others or 0.0) > p_cpus * 1.05
+    loop_hit = r_loop >= TRAIN_RUNQ_SHARE
+    worker_hit = r_workers >= WORKER_RUNQ_SHARE and (f_data is None or f_data >= 0.10)
+    if not over or not (loop_hit or worker_hit):
+        return None
+    crowded_by_others = others is not None and others >= 0.5 and demand <= p_cpus * 1.05
 
     # Thread numbers for the fix.
     busy_workers = [pr for pr in proc["processes"] if pr.get("role") == "dataloader_worker"
@@ -114,7 +117,9 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     p_free = max(1, int(math.floor(p_cpus + 1e-6)) - others_whole)
     n_main = max(1, p_free - w_busy)
     team_now = len(team)
-    worker_threads = max((len([r for r in rows if r["pid"] == wp and r["cpu"] + r["r"] >= BUSY])
+    # Intra-op threads inside a worker: threads that themselves burn CPU (a queue feeder thread
+    # that only waits for a CPU is not one).
+    worker_threads = max((len([r for r in rows if r["pid"] == wp and r["cpu"] >= 2 * BUSY])
                           for wp in worker_pids), default=0)
     n_workers_cap = max(1, p_free - 1) if worker_pids else 0
 
@@ -157,7 +162,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     cmd = _cmdline_prefix((proc.get("main") or {}).get("cmdline"))
     other_note = f", {others_whole} taken by other processes" if others_whole else ""
     fixes = []
-    if team_now > n_main or not worker_pids:
+    if team_now > n_main:
         fixes.append(Fix(f"Cap the training process at {n_main} intra-op thread{'s' if n_main != 1 else ''} "
                          f"({team_now} busy now; {p_cpus:g} CPUs{other_note}"
                          + (f", {w_busy} for busy workers" if w_busy else "") + ")",
@@ -169,24 +174,28 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     if worker_pids and len(worker_pids) > n_workers_cap:
         fixes.append(Fix(f"Fewer DataLoader workers: {n_workers_cap} fit beside the loop on {p_free} free CPUs",
                          change=f"DataLoader(..., num_workers={n_workers_cap})"))
-    if others_whole:
-        fixes.append(Fix(f"Other processes used {others:.1f} cores of this host during the window: give the job "
-                         "CPUs of its own",
-                         command=f"taskset -a -cp <cpus> {pid}  # and keep the other busy processes off them "
-                                 "(or a cgroup cpuset)"))
+    if others is not None and others >= 0.5:
+        fixes.append(Fix(f"Other processes used {others:.1f} of the {p_cpus:g} CPUs during the window: keep them "
+                         "off the job's CPUs",
+                         change="move the other busy processes to other CPUs or hosts, or give the job a cpuset of "
+                                f"its own (taskset -a -cp CPUS {pid}, or a cgroup cpuset) sized to its "
+                                f"{max(1, math.ceil(demand - 0.05))} runnable threads"))
     if not fixes:
         fixes.append(Fix(f"Keep runnable threads within the {p_cpus:g} CPUs",
                          change=f"torch.set_num_threads({n_main})",
                          command=f"OMP_NUM_THREADS={n_main} {cmd}"))
     conf = "high" if (source == "sched" and r_loop >= 0.10) else "medium"
-    title = (f"{len(busy)} busy threads share {p_cpus:g} CPUs: the training thread waits for a CPU "
-             f"{pct(r_train)} of the time" if loop_hit else
-             f"{len(busy)} busy threads share {p_cpus:g} CPUs: the DataLoader workers wait for a CPU "
-             f"{pct(r_workers)} of the time")
+    who = (f"the training thread waits for a CPU {pct(r_train)} of the time" if loop_hit else
+           f"the DataLoader workers wait for a CPU {pct(r_workers)} of the time")
+    if crowded_by_others:
+        title = f"Other processes take {others:.1f} of the {p_cpus:g} CPUs: {who}"
+    else:
+        title = f"{len(busy)} busy threads share {p_cpus:g} CPUs: {who}"
     return Finding("cpu.oversubscribed", title, speedup, bound, conf, facts, fixes, risk="low",
                    details={"source": source, "cpus_available": p_cpus, "busy_threads": len(busy),
                             "demand": round(demand, 3), "runq_share_training": round(r_train, 4),
                             "runq_share_team": round(r_team, 4), "runq_share_workers": round(r_workers, 4),
                             "other_cores": None if others is None else round(others, 3),
+                            "crowded_by_other_processes": crowded_by_others,
                             "proposed_intra_op_threads": n_main,
                             "proposed_num_workers": n_workers_cap if worker_pids else None})

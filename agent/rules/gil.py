@@ -4,10 +4,11 @@ Measured by the `gil` probe: in each py-spy dump, the training thread is counted
 the GIL when another thread holds it and the training thread is off-CPU, blocked in futex (how
 CPython waits for the GIL), with no deliberate wait (queue, lock, sleep) as its innermost frame.
 The share g of such samples is time the loop could have run Python and did not. If the holder
-stopped holding the GIL that time would return to the loop: the expected speedup is 1 / (1 - g),
-an upper bound (the loop may then wait on something else). The scheduler probe corroborates it
-independently: how much of the training thread's sleep was ended by the holder waking it up (a
-GIL hand-over wakes the waiter from the holder's thread).
+stopped holding the GIL that time would return to the loop: the expected speedup is 1 / (1 - g).
+It counts the GIL waits alone: a holder that spins also takes a CPU from the loop, which shows as
+run-queue delay (cpu.oversubscribed), so the real gain can be larger. The scheduler probe
+corroborates it independently: how long the training thread slept, and how often the holder woke
+it (a GIL hand-over wakes the waiter from the holder's thread).
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def gil_contention(ev: Evidence) -> Finding | None:
     sched = ev.get("sched") or {}
     tt = sched.get("training_thread") or {}
     win = float(sched.get("window_s") or 0.0)
+    if tt and win > 0:
+        facts.append(Fact("sched", "share of the window the training thread slept (S state; GIL waits are sleeps)",
+                          round(tt.get("sleep_seconds", 0.0) / win, 4)))
     for w in tt.get("woken_by") or []:
         if w.get("tid") == tid and win > 0:
             share = round(w["seconds"] / win, 4)
@@ -64,7 +68,7 @@ def gil_contention(ev: Evidence) -> Finding | None:
             change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
     ]
     bound = (f"g={g:.2f} of {n} samples the training thread waited for the GIL; if it never waits: "
-             f"1/(1-g)={speedup:.2f}x (upper bound: the loop may then wait on something else)")
+             f"1/(1-g)={speedup:.2f}x (GIL waits only: the CPU the holder burns is not counted)")
     title = f"The training thread waits for the GIL {pct(g)} of the time, held by thread '{name}' (tid {tid})"
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low",
                    details={"holder": holder, "gil_wait_share": g, "samples": n, "corroborated_by_sched": corroborated})

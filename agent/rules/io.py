@@ -2,8 +2,8 @@
 
 Facts from the syscall probe, per data-producing process (each DataLoader worker, or the training
 process itself when it loads its own batches), over the traced window:
-    opens per second and per batch (a batch is one message on the worker's index queue, or one
-    entry of the loop into loading when num_workers=0),
+    opens per second, and per batch where workers load (a batch is one message received on a
+    worker's index queue; with num_workers=0 no batch boundary is visible from outside),
     the mean size of the reads that returned data from files,
     s_lo  share of the window inside open/read/stat/lseek/close of files (the syscalls alone),
     s_hi  share of the window from each file's open to its close (the syscalls plus the Python
@@ -66,14 +66,10 @@ def io_small_reads(ev: Evidence) -> Finding | None:
     if f is not None and f < DATA_SHARE:
         return None                    # the loop does not wait on its input: nothing to gain here
 
+    # A batch is one message on a worker's index queue. With num_workers=0 nothing outside the
+    # process marks a batch (py-spy's samples merge short steps), so no per-batch figure is given.
     batches = sum(p.get("queue_messages", 0) for p in prods) if who == "workers" else 0
     batch_source = "index-queue messages received by the workers"
-    if not batches and tt.get("data_transitions"):
-        # In-loop loading: each entry of the training thread into loading is a batch (py-spy).
-        spy_win = float(tt.get("seconds") or 0.0)
-        if spy_win > 0:
-            batches = tt["data_transitions"] * win / spy_win
-            batch_source = "entries of the training thread into batch loading (py-spy), scaled to the window"
     opens_per_batch = opens / batches if batches else None
     dirs: dict[str, int] = {}
     for p in prods:
@@ -81,11 +77,13 @@ def io_small_reads(ev: Evidence) -> Finding | None:
             dirs[d["dir"]] = dirs.get(d["dir"], 0) + d["opens"]
     top_dir = max(dirs.items(), key=lambda kv: kv[1])[0] if dirs else None
 
+    whose = "workers'" if who == "workers" else "training process's"
     facts = [
-        Fact("syscalls", f"files opened per second by the {n} {who}", round(opens_ps, 1)),
+        Fact("syscalls", f"files opened per second by the {n} {who}" if who == "workers"
+             else "files opened per second by the training process", round(opens_ps, 1)),
         Fact("syscalls", "mean bytes per read that returned file data", round(mean_read, 1)),
-        Fact("syscalls", f"share of the {who}' time inside open/read/stat/close of files", round(s_lo, 3)),
-        Fact("syscalls", f"share of the {who}' time from each file's open to its close", round(s_hi, 3)),
+        Fact("syscalls", f"share of the {whose} time inside open/read/stat/close of files", round(s_lo, 3)),
+        Fact("syscalls", f"share of the {whose} time from each file's open to its close", round(s_hi, 3)),
     ]
     if opens_per_batch is not None:
         facts.append(Fact("syscalls", f"files opened per batch ({batch_source})", round(opens_per_batch, 1)))
@@ -97,7 +95,7 @@ def io_small_reads(ev: Evidence) -> Finding | None:
     if f is not None:
         s = min(s_hi, f)
         speedup = 1.0 / (1.0 - min(s, 0.95))
-        bound = (f"s={s_hi:.2f} of the {who}' time goes to handling small files (open to close; {s_lo:.2f} inside "
+        bound = (f"s={s_hi:.2f} of the {whose} time goes to handling small files (open to close; {s_lo:.2f} inside "
                  f"the syscalls) and the loop waits on data f={f:.2f}: 1/(1-min(s,f))={speedup:.2f}x if shards "
                  "remove that cost")
         conf = "high" if s_hi >= 0.2 and f >= 0.2 else "medium"
@@ -120,8 +118,9 @@ def io_small_reads(ev: Evidence) -> Finding | None:
         fixes.append(Fix("Read larger blocks where files must stay separate",
                          change="read each file whole in one call (f.read() on open(path, 'rb', buffering=1 << 20)), "
                                 "and keep many files per directory listing"))
-    title = (f"The {who} open {opens_ps:.0f} files/s{per_batch} and read {mean_read:.0f} bytes at a time: "
-             f"{pct(s_hi)} of their time goes to small-file handling")
+    verb, its = ("open", "their") if who == "workers" else ("opens", "its")
+    title = (f"The {who} {verb} {opens_ps:.0f} files/s{per_batch} and read {mean_read:.0f} bytes at a time: "
+             f"{pct(s_hi)} of {its} time goes to small-file handling")
     return Finding("io.small_reads", title, speedup, bound, conf, facts, fixes, risk="medium",
                    details={"producers": [p["pid"] for p in prods], "opens_per_second": round(opens_ps, 1),
                             "opens_per_batch": None if opens_per_batch is None else round(opens_per_batch, 1),
