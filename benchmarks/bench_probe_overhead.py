@@ -173,19 +173,28 @@ def bench(target_argv: list[str], configs: list[str], rounds: int, seconds: floa
         for rnd in range(rounds):
             order = list(configs)
             random.shuffle(order)
-            base = None
             runs = {}
-            for cfg in ["none"] + [c for c in order if c != "none"]:
+            bases = []
+            # "none" opens and closes each round: their mean is the baseline, their ratio the noise.
+            for i, cfg in enumerate(["none"] + [c for c in order if c != "none"] + ["none"]):
                 r = run_agent(cfg, pid, seconds)
                 if r.get("skipped"):
                     results[cfg]["skipped"] = r["skipped"]
                     continue
                 time.sleep(0.6)                  # let the last progress line after the interval arrive
                 rate = target.rate(*r["interval"])
-                runs[cfg] = (rate, r)
                 if cfg == "none":
-                    base = rate
+                    bases.append(rate)
+                    if i == 0:
+                        runs[cfg] = (rate, r)
+                    continue
+                runs[cfg] = (rate, r)
+            base = statistics.mean(bases) if bases and all(bases) else None
+            if len(bases) == 2 and all(bases):
+                results["none"].setdefault("noise", []).append(abs(1.0 - bases[0] / bases[1]))
             for cfg, (rate, r) in runs.items():
+                if cfg == "none":
+                    rate = base
                 if rate and base:
                     results[cfg]["ratios"].append(base / rate)
                 results[cfg]["cpu"].append(r["agent_cpu_seconds"])
@@ -243,6 +252,10 @@ def main() -> int:
         print(f"{c:<10} {med(s['ratios']) or '-':>14} {med(d['ratios']) or '-':>11} {med(s['cpu'] + d['cpu']) or '-':>12} "
               f"{med(s['rss'] + d['rss']) or '-':>13} {med(s['compile'] + d['compile']) or '-':>10} "
               f"{med(s['bcc_import'] + d['bcc_import']) or '-':>13}")
+    noise = out["syscall_heavy"]["none"].get("noise", []) + out["dataloader"]["none"].get("noise", [])
+    if noise:
+        print(f"\nnoise floor: the two unprobed runs of a round differ by {100 * statistics.median(noise):.1f}% "
+              f"(median), {100 * max(noise):.1f}% at most: ratios within that are not a measurable cost")
     if "bystander" in out:
         b = out["bystander"]["syscalls"]
         print(f"\nbystander: an unwatched syscall-heavy process slows by {med(b['ratios'])}x while the syscall "

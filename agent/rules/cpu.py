@@ -7,8 +7,11 @@ Facts, per thread of the job (the training process and its workers) over the win
           per-thread counter in /proc/PID/task/TID/schedstat (same quantity, no histogram),
     P     CPUs the job may use (affinity and cgroup quota).
 The job's demand D = sum(cpu + r) is the mean number of its threads that were runnable. It is
-oversubscribed when D (or the count of busy threads) exceeds P and the training thread, its
-intra-op team or the workers lose a measurable share of the window in the run queue.
+oversubscribed when D exceeds P and the training thread, its
+intra-op team or the workers lose a measurable share of the window in the run queue. Other
+processes that crowd a job which fits its CPUs do not make this finding (no setting of the job
+removes them); where the scheduler probe measured them they are reported beside it and shrink
+the thread numbers proposed.
 
 The expected speedup: with no more runnable threads than CPUs the run-queue wait goes away, so the
 loop gains 1 / (1 - r) where r is the larger of the training thread's and its intra-op team's mean
@@ -100,14 +103,14 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     if sched.get("host_busy_cores") is not None:
         others = max(0.0, float(sched["host_busy_cores"]) - job_cores)
 
-    # Oversubscribed: what wants a CPU (the job's runnable threads, plus what other processes
-    # used, where the scheduler probe measured it) exceeds the CPUs.
-    over = demand + (others or 0.0) > p_cpus * 1.05
+    # Oversubscribed: the job's own runnable threads exceed the CPUs it may use. Other processes
+    # that crowd a job which fits its CPUs are context (and shrink the thread numbers proposed),
+    # not this finding: no setting of the job would remove them.
+    over = demand > p_cpus * 1.05
     loop_hit = r_loop >= TRAIN_RUNQ_SHARE
     worker_hit = r_workers >= WORKER_RUNQ_SHARE and (f_data is None or f_data >= 0.10)
     if not over or not (loop_hit or worker_hit):
         return None
-    crowded_by_others = others is not None and others >= 0.5 and demand <= p_cpus * 1.05
 
     # Thread numbers for the fix.
     busy_workers = [pr for pr in proc["processes"] if pr.get("role") == "dataloader_worker"
@@ -187,15 +190,11 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     conf = "high" if (source == "sched" and r_loop >= 0.10) else "medium"
     who = (f"the training thread waits for a CPU {pct(r_train)} of the time" if loop_hit else
            f"the DataLoader workers wait for a CPU {pct(r_workers)} of the time")
-    if crowded_by_others:
-        title = f"Other processes take {others:.1f} of the {p_cpus:g} CPUs: {who}"
-    else:
-        title = f"{len(busy)} busy threads share {p_cpus:g} CPUs: {who}"
+    title = f"{len(busy)} busy threads share {p_cpus:g} CPUs: {who}"
     return Finding("cpu.oversubscribed", title, speedup, bound, conf, facts, fixes, risk="low",
                    details={"source": source, "cpus_available": p_cpus, "busy_threads": len(busy),
                             "demand": round(demand, 3), "runq_share_training": round(r_train, 4),
                             "runq_share_team": round(r_team, 4), "runq_share_workers": round(r_workers, 4),
                             "other_cores": None if others is None else round(others, 3),
-                            "crowded_by_other_processes": crowded_by_others,
                             "proposed_intra_op_threads": n_main,
                             "proposed_num_workers": n_workers_cap if worker_pids else None})
