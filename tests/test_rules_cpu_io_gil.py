@@ -3,7 +3,6 @@ such jobs replayed through the real parsers and rules (tests/data/bcc)."""
 import gzip
 import json
 import re
-from pathlib import Path
 
 import pytest
 
