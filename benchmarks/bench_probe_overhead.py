@@ -1,7 +1,7 @@
 """What each probe costs the job it watches, and what it costs the host and the agent.
 
 Two targets, each reporting its own progress every 0.25 s:
-  - syscall-heavy: a Python loop of 1-byte read(/dev/zero) + write(/dev/null) (about 1M syscalls/s),
+  - syscall-heavy: a Python loop of 1-byte read(/dev/zero) + write(/dev/null) (millions of syscalls/s),
   - DataLoader: the bundled CPU training job with 2 workers doing per-sample Python work.
 For every probe configuration (none, process, pyspy, gil, sched, syscalls, all of them) the probe
 runs in a fresh agent process attached to the target for a few seconds; the target's rate while

@@ -10,8 +10,8 @@ ones) so a finding can name the directory.
 
 Cost: while attached, these tracepoints slow every system call of every process on the host, not
 only the target's (the filter runs inside the program, after the tracepoint fired). The window is
-therefore bounded (`syscalls_max_s`, default 5 s), and the probe measures the tax: a `dd bs=1`
-calibration before and while attached (one run unwatched, one watched) gives the added
+therefore bounded (`syscalls_max_s`, default 5 s), and the probe measures the tax: the CPU time of
+a `dd bs=1` calibration before and while attached (one run unwatched, one watched) gives the added
 nanoseconds per syscall, and the in-kernel count of the host's syscalls turns it into a share of
 the host's CPU, reported in the overhead.
 """
@@ -35,7 +35,7 @@ TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "sched:sched_p
 DEFAULT_MAX_S = 5.0
 REFRESH_S = 0.25
 PATH_LEN = 120
-CALIBRATION_BLOCKS = 30000          # dd bs=1 count=N: 2N read/write syscalls
+CALIBRATION_BLOCKS = 50000          # dd bs=1 count=N: 2N read/write syscalls
 
 # The syscalls the findings reason about, by architecture (bcc's own table is x86_64-only and old).
 SYSCALLS: dict[str, dict[str, int]] = {
@@ -272,40 +272,40 @@ DD_ARGV = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", f"count={CALIBRATION_BL
 DD_ENV = {"LC_ALL": "C", "PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
-def _dd_unwatched(rec: Recorder) -> float | None:
-    try:
-        r = rec.run(DD_ARGV, timeout_s=10.0, env=DD_ENV)
-    except Exception:  # noqa: BLE001 - no dd: the tax stays unmeasured, the probe still runs
-        return None
-    return dd_seconds(r.stderr)
+def _dd_cpu(rec: Recorder, watch: Any = None) -> tuple[float | None, int | None]:
+    """CPU-seconds (user + system, from the kernel's accounting of the child) of one `dd bs=1`.
 
-
-def _dd_watched(rec: Recorder, watch: Any) -> tuple[float | None, int | None]:
-    """dd started held, put in the watch map, then released: it pays the full per-call cost.
-
-    Returns (seconds, its pid) so its calls are left out of the target's."""
+    CPU time, not elapsed time: on a busy host dd also waits for a CPU, which is not the tax.
+    dd starts held (`read` in sh, then exec), so it can be put in the watch map before its first
+    call when `watch` is given. Returns (cpu seconds, pid)."""
     import ctypes
     argv = ["sh", "-c", "read _go; exec " + " ".join(DD_ARGV)]
     try:
         proc = rec.spawn(argv, stop_signal=15, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env=DD_ENV)
-    except Exception:  # noqa: BLE001
+                         stderr=subprocess.DEVNULL, env=DD_ENV)
+    except Exception:  # noqa: BLE001 - no sh or dd: the tax stays unmeasured, the probe still runs
         return None, None
-    err = ""
+    cpu = None
     try:
-        watch[ctypes.c_uint32(proc.pid)] = ctypes.c_uint8(1)
-        _out, err = proc.communicate("go\n", timeout=15.0)
+        if watch is not None:
+            watch[ctypes.c_uint32(proc.pid)] = ctypes.c_uint8(1)
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        _pid, status, ru = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode == 0:
+            cpu = ru.ru_utime + ru.ru_stime
     except Exception:  # noqa: BLE001
         proc.kill()
-        proc.wait()
-        return None, proc.pid
     finally:
-        rec.finish(proc, grace_s=0.0)
-        try:
-            del watch[ctypes.c_uint32(proc.pid)]
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-    return dd_seconds(err), proc.pid
+        rec.finish(proc, grace_s=5.0)
+        if watch is not None:
+            try:
+                del watch[ctypes.c_uint32(proc.pid)]
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+    return cpu, proc.pid
 
 
 class SyscallsProbe(Probe):
@@ -358,7 +358,7 @@ def capture_syscalls(spec: WatchSpec, rec: Recorder, deadline_monotonic: float) 
     stats_fd = None
     try:
         if calibrate:
-            runs = [_dd_unwatched(rec) for _ in range(2)]
+            runs = [_dd_cpu(rec)[0] for _ in range(2)]
             cal["off_seconds"] = min([r for r in runs if r is not None], default=None)
         b = loaded.bpf
         tree = ProcessTree(spec.pid, spec.root)
@@ -386,8 +386,8 @@ def capture_syscalls(spec: WatchSpec, rec: Recorder, deadline_monotonic: float) 
         rec.note("bpf", "attach " + ",".join(TRACEPOINTS), 0, attach_unix, attach_s)
         cal_events, cal_pid = 0, None
         if calibrate:
-            cal["on_unwatched_seconds"] = _dd_unwatched(rec)
-            cal["on_watched_seconds"], cal_pid = _dd_watched(rec, w_tgid)
+            cal["on_unwatched_seconds"], _ = _dd_cpu(rec)
+            cal["on_watched_seconds"], cal_pid = _dd_cpu(rec, w_tgid)
             # The two dd runs' own calls (their start-up adds a few dozen): left out of the host's.
             cal_events = 2 * cal["syscalls_per_run"]
         end = bs.traced_until(spec.window_s, deadline_monotonic, attached_mono, max_s)
@@ -449,8 +449,8 @@ def syscall_overhead(d: dict[str, Any], run: dict[str, dict[str, int]], compile_
         added = (max(per_u, 0.0) * max(host - target, 0) + max(per_w, 0.0) * min(target, host)) / 1e9
         out["host_cpu_fraction"] = round(added / (window_s * ncpu), 5)
         out["target_added_cores"] = round(max(per_w, 0.0) * target / 1e9 / window_s, 5)
-        out["basis"] = ("dd bs=1 timed before and while attached (unwatched and watched) gives the added ns per "
-                        "syscall; times the host's and the target's syscalls in the window")
+        out["basis"] = ("the CPU time of dd bs=1 before and while attached (unwatched and watched) gives the added "
+                        "ns per syscall; times the host's and the target's syscalls in the window")
     if run:
         run_ns = sum(r.get("run_time_ns", 0) for r in run.values())
         cnt = sum(r.get("run_cnt", 0) for r in run.values())
