@@ -14,6 +14,9 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("probes.perfstat", "PerfStatProbe"),
     ("probes.topology", "TopologyProbe"),
     ("probes.placement", "PlacementProbe"),
+    ("probes.sched", "SchedProbe"),
+    ("probes.syscalls", "SyscallsProbe"),
+    ("probes.gil", "GilProbe"),
 )
 
 

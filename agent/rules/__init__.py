@@ -21,6 +21,9 @@ RULE_MODULES = (
     "agent.rules.memory",
     "agent.rules.numa",
     "agent.rules.pcie",
+    "agent.rules.cpu",
+    "agent.rules.io",
+    "agent.rules.gil",
     "agent.rules.compute",
     "agent.rules.gpu",
 )

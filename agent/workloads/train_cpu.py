@@ -35,6 +35,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--small-files", default=None,
                     help="directory of tiny files: each sample opens and reads --files-per-sample of them")
     ap.add_argument("--files-per-sample", type=int, default=16)
+    ap.add_argument("--shard", default=None,
+                    help="one packed file (the small files concatenated): each sample reads the same bytes as "
+                         "--files-per-sample small files would, with one pread from a file opened once")
+    ap.add_argument("--record-bytes", type=int, default=256, help="bytes per record in --shard")
     ap.add_argument("--gil-spinner", action="store_true",
                     help="start a thread that spins in pure Python (holds the GIL) beside the loop")
     ap.add_argument("--report-every", type=float, default=1.0)
@@ -49,9 +53,13 @@ class SyntheticDataset:
     """Each sample costs `work` iterations of pure-Python arithmetic (a decode or augmentation
     stand-in) and, optionally, opening and reading small files."""
 
-    def __init__(self, n: int, features: int, work: int, files: list[str] | None, files_per_sample: int):
+    def __init__(self, n: int, features: int, work: int, files: list[str] | None, files_per_sample: int,
+                 shard: str | None = None, record_bytes: int = 256):
         self.n, self.features, self.work = n, features, work
         self.files, self.files_per_sample = files, files_per_sample
+        self.shard, self.record_bytes = shard, record_bytes
+        self._shard_fd: int | None = None
+        self._shard_records = 0
 
     def __len__(self) -> int:
         return self.n
@@ -61,6 +69,13 @@ class SyntheticDataset:
         acc = 0.0
         for k in range(self.work):
             acc += math.sin(k * 0.001 + i)
+        if self.shard:
+            if self._shard_fd is None:        # opened once per process (each worker has its own)
+                self._shard_fd = os.open(self.shard, os.O_RDONLY)
+                self._shard_records = max(1, os.fstat(self._shard_fd).st_size // self.record_bytes)
+            span = self.files_per_sample * self.record_bytes
+            first = (i * self.files_per_sample) % max(1, self._shard_records - self.files_per_sample)
+            acc += len(os.pread(self._shard_fd, span, first * self.record_bytes))
         if self.files:
             nf = len(self.files)
             for j in range(self.files_per_sample):
@@ -121,15 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         if args.starved_rank is not None and rank != args.starved_rank:
-            args.sample_work, args.small_files = 0, None
-    if args.sample_work <= 0 and not args.small_files:
+            args.sample_work, args.small_files, args.shard = 0, None, None
+    if args.sample_work <= 0 and not args.small_files and not args.shard:
         batches = iter(InMemory(args.batch_size, args.features))
         loader = None
     else:
         files = None
         if args.small_files:
             files = sorted(os.path.join(args.small_files, f) for f in os.listdir(args.small_files))
-        ds = SyntheticDataset(10 ** 7, args.features, args.sample_work, files, args.files_per_sample)
+        ds = SyntheticDataset(10 ** 7, args.features, args.sample_work, files, args.files_per_sample,
+                              args.shard, args.record_bytes)
         kw = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
                   pin_memory=args.pin_memory)
         if args.num_workers > 0:
