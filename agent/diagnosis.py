@@ -51,7 +51,7 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
 
 
 def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 50, only: tuple[str, ...] = (),
-        skip: tuple[str, ...] = (), native: bool = False, root: str = "/",
+        skip: tuple[str, ...] = (), native: bool = False, root: str = "/", deep: bool = False,
         progress: Progress = stderr_progress, options: dict[str, Any] | None = None) -> Diagnosis:
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
@@ -65,7 +65,7 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 50, only: tupl
         progress(f"diagnosing PID {info.pid}: {info.cmdline[:80]}")
     spec = WatchSpec(pid=info.pid, window_s=duration_s, rate_hz=rate_hz, child_pids=tuple(info.children),
                      native=native, root=root, options=dict(options or {}))
-    probes = select_probes(only, skip)
+    probes = select_probes(only, skip, deep)
     result: SessionResult = run_session(spec, probes, progress, target_alive=lambda: is_alive(info.pid, root))
     host = host_context(root)
     context = {

@@ -43,12 +43,13 @@ def _usage() -> tuple[float, float]:
     return cpu, rss_mb
 
 
-def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> list[Probe]:
+def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: bool = False) -> list[Probe]:
+    """The probes to run: `only` if given, else every default probe (every probe with `deep`)."""
     out = []
     for cls in probe_classes():
         if only and cls.name not in only:
             continue
-        if cls.name in skip or (not only and not cls.default_enabled):
+        if cls.name in skip or (not only and not deep and not cls.default_enabled):
             continue
         out.append(cls())
     return out

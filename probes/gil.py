@@ -44,6 +44,7 @@ class GilProbe(Probe):
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
     cost = "about 10-20 ms of py-spy CPU per sample (10 Hz default); the target is never stopped"
     timeout_s = 15.0
+    default_enabled = False      # 10-20% of one core while it samples: opt in with --deep
 
     def check(self, spec: WatchSpec) -> Availability:
         if pyspy_binary() is None:

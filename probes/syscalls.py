@@ -315,6 +315,7 @@ class SyscallsProbe(Probe):
     cost = ("slows every syscall on the host while attached (measured: see overhead); attached at most "
             f"{DEFAULT_MAX_S:g} s")
     timeout_s = 25.0
+    default_enabled = False      # its tracepoint tax falls on every process: opt in with --deep
 
     def check(self, spec: WatchSpec) -> Availability:
         r = bs.readiness(TRACEPOINTS, spec.root)

@@ -75,7 +75,7 @@ def test_thousands_of_tiny_files_per_batch_is_small_reads(workload, tmp_path):
     per_sample, batch = 64, 32
     w = workload("--seconds", "120", "--sample-work", "0", "--num-workers", "1", "--small-files", str(d),
                  "--files-per-sample", str(per_sample), "--batch-size", str(batch), warmup_lines=2)
-    rep = diagnose(w.pid, "--skip", "gil")
+    rep = diagnose(w.pid, "--deep", "--skip", "gil")
     f = finding(rep, "io.small_reads")
     assert f is not None, [(x["id"], x["expected_speedup"]) for x in rep["findings"]]
     det = f["details"]
@@ -92,7 +92,9 @@ def test_thousands_of_tiny_files_per_batch_is_small_reads(workload, tmp_path):
 @pytest.mark.live
 def test_a_thread_spinning_with_the_gil_is_named(workload):
     w = workload("--seconds", "120", "--sample-work", "0", "--gil-spinner", warmup_lines=2)
-    rep = diagnose(w.pid)
+    default = diagnose(w.pid)            # the default probes cannot see the GIL: they point at --deep
+    assert any("metrics-spinner" in n and "--deep" in n for n in default["notes"]), default["notes"]
+    rep = diagnose(w.pid, "--deep")
     f = finding(rep, "gil.contention")
     assert f is not None, [(x["id"], x["expected_speedup"]) for x in rep["findings"]]
     assert "metrics-spinner" in f["title"]
@@ -107,7 +109,7 @@ def test_a_thread_spinning_with_the_gil_is_named(workload):
 @needs_ebpf
 def test_a_healthy_job_gets_none_of_these(workload):
     w = workload("--seconds", "120", "--sample-work", "0", "--threads", "1", warmup_lines=2)
-    rep = diagnose(w.pid)
+    rep = diagnose(w.pid, "--deep")
     ids = {f["id"] for f in rep["findings"]}
     assert not ids & {"io.small_reads", "gil.contention"}, rep["findings"]
     # Even on a host shared with other busy work (the loop may then really wait for a CPU), a job

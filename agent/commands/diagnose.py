@@ -24,6 +24,9 @@ def _names(value: str | None) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
+@click.option("--deep", is_flag=True,
+              help="Also run the costly probes: eBPF syscall tracing (its tracepoint tax falls on every process "
+                   "of the host while attached; measured and reported) and the GIL sampler (10-20%% of one core).")
 @click.option("--native", is_flag=True,
               help="Include native frames in py-spy stacks. This needs blocking sampling, which stops the "
                    "target's threads for each sample: use on a job you can afford to slow down.")
@@ -34,7 +37,7 @@ def _names(value: str | None) -> tuple[str, ...]:
               help="Also write the report as one self-contained HTML file (timeline, flame graphs).")
 @click.pass_obj
 def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool, only: str | None,
-            skip: str | None, native: bool, save_path: str | None, html_path: str | None) -> None:
+            skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None) -> None:
     """Attach to a running training process and explain what holds its step back."""
     from agent import diagnosis
     from agent.commands.report import check_outputs, write_outputs
@@ -48,7 +51,7 @@ def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool
     check_outputs(app, save_path, html_path)
     try:
         d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
-                          native=native, root=app.root, progress=app.progress)
+                          native=native, root=app.root, progress=app.progress, deep=deep)
     except UserError as exc:
         raise app.fail(str(exc), exc.exit_code) from None
     write_outputs(app, d.report, d.evidence, d.captures, d.context, save_path, html_path)

@@ -72,3 +72,23 @@ def gil_contention(ev: Evidence) -> Finding | None:
     title = f"The training thread waits for the GIL {pct(g)} of the time, held by thread '{name}' (tid {tid})"
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low",
                    details={"holder": holder, "gil_wait_share": g, "samples": n, "corroborated_by_sched": corroborated})
+
+
+BUSY_BESIDE = 0.5            # another Python thread of the training process busy at least this share
+
+
+@rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),
+      description="without the GIL sampler: a busy Python thread beside the loop is worth a --deep look")
+def gil_suspect(ev: Evidence) -> Finding | None:
+    """The default probes cannot see GIL ownership. When py-spy shows another Python thread of the
+    training process running most of the time, say so in the notes and how to measure it."""
+    if ev.has("gil"):
+        return None
+    spy = ev.get("pyspy") or {}
+    busy = [t for t in spy.get("other_threads") or [] if (t.get("busy_fraction") or 0) >= BUSY_BESIDE
+            and (t.get("name") or "") not in ("pin_memory", "Thread-1 (_pin_memory_loop)")]
+    for t in busy[:2]:
+        ev.note(f"Python thread '{t.get('name')}' (tid {t.get('tid')}) was busy {pct(t['busy_fraction'])} of the "
+                "window beside the training thread: if it holds the GIL the loop waits for it; "
+                "`trainprobe diagnose --deep` measures GIL contention")
+    return None
