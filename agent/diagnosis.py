@@ -50,7 +50,7 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
     return rep, ev
 
 
-def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 50, only: tuple[str, ...] = (),
+def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tuple[str, ...] = (),
         skip: tuple[str, ...] = (), native: bool = False, root: str = "/", deep: bool = False,
         progress: Progress = stderr_progress, options: dict[str, Any] | None = None) -> Diagnosis:
     resolved: Resolved = resolve(pid, root)

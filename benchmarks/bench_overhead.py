@@ -23,7 +23,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--rate", type=int, default=None, help="py-spy rate for diagnose (default: its default)")
-    ap.add_argument("workload", nargs="*", default=["--num-workers", "1", "--persistent-workers"])
+    ap.add_argument("--diagnose-args", default="", help="extra arguments for diagnose, e.g. '--skip sched'")
+    ap.add_argument("workload", nargs="*", default=["--num-workers", "0"])
     a = ap.parse_args()
     w = Workload(*a.workload)
     w.wait_ready()
@@ -35,7 +36,7 @@ def main() -> int:
         time.sleep(a.window)
         detached.append(w.rate(t0, time.time()))
         for i in range(a.pairs):
-            extra = ["--rate", str(a.rate)] if a.rate else []
+            extra = (["--rate", str(a.rate)] if a.rate else []) + a.diagnose_args.split()
             box = {}
             th = threading.Thread(target=lambda: box.update(r=trainprobe("diagnose", "--pid", str(w.pid), "--duration",
                                                                          str(a.window), "--json", *extra)))
@@ -54,7 +55,8 @@ def main() -> int:
     finally:
         w.stop()
     ratios = [attached[i] / statistics.mean(detached[i:i + 2]) for i in range(len(attached))]
-    print(f"\nworkload: {' '.join(a.workload)}; {a.pairs} interleaved pairs of {a.window:g} s windows")
+    print(f"\nworkload: {' '.join(a.workload)}; diagnose {a.diagnose_args or '(defaults)'}; "
+          f"{a.pairs} interleaved pairs of {a.window:g} s windows")
     print(f"steps/s with diagnose attached / without: mean {statistics.mean(ratios):.4f}, "
           f"median {statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}")
     print(f"slowdown: {100 * (1 - statistics.mean(ratios)):.2f}% (mean), {100 * (1 - statistics.median(ratios)):.2f}% (median)")

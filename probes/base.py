@@ -40,7 +40,7 @@ class WatchSpec:
 
     pid: int
     window_s: float
-    rate_hz: int = 50
+    rate_hz: int = 25
     child_pids: tuple[int, ...] = ()
     native: bool = False
     root: str = "/"

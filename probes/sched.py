@@ -264,6 +264,9 @@ class SchedProbe(Probe):
     description = "run-queue delay (p50/p99), off-CPU sleep vs I/O wait, preemptions per thread (bcc, sched tracepoints)"
     needs = ("root", "bcc (python3-bpfcc)", "tracefs", "kernel headers", "sched tracepoints")
     cost = "a hash lookup per context switch on the host while attached; measured and reported"
+    # Compiling its programs costs ~0.3 CPU-s and 140 MB: opt in with --deep. By default the process
+    # probe's schedstat readings give each thread's run-queue delay.
+    default_enabled = False
     timeout_s = 20.0
 
     def check(self, spec: WatchSpec) -> Availability:

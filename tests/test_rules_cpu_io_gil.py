@@ -38,7 +38,7 @@ def thread_number(text, pattern):
 def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(workload):
     w = workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
     with busy_process():
-        rep = diagnose(w.pid)
+        rep = diagnose(w.pid, "--deep", "--skip", "gil,syscalls")
     top = rep["findings"][0]
     assert top["id"] == "cpu.oversubscribed", [(f["id"], f["expected_speedup"]) for f in rep["findings"]]
     assert top["details"]["source"] == "sched"
@@ -58,7 +58,7 @@ def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(work
 def test_oversubscription_is_found_without_ebpf_from_schedstat(workload):
     w = workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
     with busy_process():
-        rep = diagnose(w.pid, "--skip", "gil", env={"TRAINPROBE_NO_EBPF": "1"})
+        rep = diagnose(w.pid, "--deep", "--skip", "gil", env={"TRAINPROBE_NO_EBPF": "1"})
     st = {p["name"]: p for p in rep["probes"]}
     assert st["sched"]["status"] == "skipped"
     top = rep["findings"][0]

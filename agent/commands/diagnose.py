@@ -19,7 +19,7 @@ def _names(value: str | None) -> tuple[str, ...]:
                    "Default: the busiest Python process that loaded torch.")
 @click.option("--duration", type=click.FloatRange(0.5, MAX_WINDOW_S), default=10.0, show_default=True,
               help="Seconds to watch.")
-@click.option("--rate", type=click.IntRange(1, 500), default=50, show_default=True,
+@click.option("--rate", type=click.IntRange(1, 500), default=25, show_default=True,
               help="py-spy sampling rate (Hz).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")

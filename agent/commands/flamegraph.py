@@ -95,7 +95,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
                    "py-spy chrometrace.")
 @click.option("--duration", type=click.FloatRange(0.5, 600.0), default=10.0, show_default=True,
               help="Seconds to sample.")
-@click.option("--rate", type=click.IntRange(1, 500), default=50, show_default=True, help="Samples per second.")
+@click.option("--rate", type=click.IntRange(1, 500), default=25, show_default=True, help="Samples per second.")
 @click.option("-o", "--output", metavar="FILE", default=None, help="Write here (default: stdout).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Output format. Default: from the extension of -o (.svg .html .json .folded), else svg.")

@@ -75,6 +75,13 @@ def gil_contention(ev: Evidence) -> Finding | None:
 
 
 BUSY_BESIDE = 0.5            # another Python thread of the training process busy at least this share
+# Threads torch and multiprocessing run beside the loop; they release the GIL while they copy or wait.
+TORCH_HELPERS = ("_pin_memory_loop", "pin_memory", "Queue._feed", "_handle_workers", "_handle_results")
+
+
+def _torch_helper(thread: dict) -> bool:
+    frames = [f for top in thread.get("top") or [] for f in top.get("stack", [])]
+    return any(h in f for f in frames for h in TORCH_HELPERS) or "pin_memory" in (thread.get("name") or "")
 
 
 @rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),
@@ -86,7 +93,7 @@ def gil_suspect(ev: Evidence) -> Finding | None:
         return None
     spy = ev.get("pyspy") or {}
     busy = [t for t in spy.get("other_threads") or [] if (t.get("busy_fraction") or 0) >= BUSY_BESIDE
-            and (t.get("name") or "") not in ("pin_memory", "Thread-1 (_pin_memory_loop)")]
+            and not _torch_helper(t)]
     for t in busy[:2]:
         ev.note(f"Python thread '{t.get('name')}' (tid {t.get('tid')}) was busy {pct(t['busy_fraction'])} of the "
                 "window beside the training thread: if it holds the GIL the loop waits for it; "
