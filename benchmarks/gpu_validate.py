@@ -198,6 +198,9 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         d0 = time.time()
         cmd = [sys.executable, "-m", "agent", "diagnose", "--pid", str(w.proc.pid), "--duration",
                str(args.duration), "--json"]
+        if mode in [m.strip() for m in args.keep.split(",") if m.strip()]:
+            (out / "kept").mkdir(exist_ok=True)
+            cmd += ["--save", str(out / "kept" / f"{mode}.tar.gz"), "--html", str(out / "kept" / f"{mode}.html")]
         log(f"{mode}: {' '.join(cmd[1:])}")
         try:
             p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.duration + 150)
@@ -348,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload-cmd", default=f"{sys.executable} {WORKLOADS}",
                     help="command that takes MODE SECONDS and prints progress lines (split on spaces)")
     ap.add_argument("--no-preflight", action="store_true", help="skip the NVML and CUDA checks (testing only)")
+    ap.add_argument("--keep", default="", help="comma-separated modes whose bundle (--save) and HTML report to keep")
     args = ap.parse_args(argv)
     args.workload_cmd = args.workload_cmd.split()
     out = Path(args.out)
