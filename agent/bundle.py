@@ -84,7 +84,7 @@ def _files(captures: list[Capture], context: dict[str, Any], report: dict[str, A
         files[name] = json.dumps(cap.to_dict(), default=str).encode()
     index = {
         "schema": SCHEMA, "tool": {"name": "trainprobe", "version": __version__}, "saved_unix": round(time.time(), 3),
-        "context": context, "overhead": (report or {}).get("overhead", {}), "notes": (report or {}).get("notes", []),
+        "context": context, "overhead": (report or {}).get("overhead", {}), "notes": context.get("session_notes", (report or {}).get("notes", [])),
         "captures": names,
     }
     files[INDEX] = json.dumps(index, indent=2, default=str).encode()

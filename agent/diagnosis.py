@@ -91,6 +91,7 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tupl
     per_probe = {c.probe: c.meta["overhead"] for c in result.captures if c.meta.get("overhead")}
     if per_probe:
         overhead["probes"] = per_probe
+    context["session_notes"] = list(notes)      # what the session saw; rules add their own notes again
     rep, ev = report_from(result.captures, context, overhead, notes)
     exit_code = EXIT_OK
     if gone and result.observed_s < max(MIN_EVIDENCE_S, 0.5 * duration_s):

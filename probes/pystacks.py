@@ -60,7 +60,7 @@ class ThreadTrace:
         return sum(s.seconds for s in self.spans)
 
 
-_THREAD_FRAME = re.compile(r"^thread \((\d+)\): ?(.*)$")
+_THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")    # a thread without a name has no ": name"
 _PROCESS_FRAME = re.compile(r'^process (\d+):')
 
 

@@ -18,6 +18,7 @@ OVERHEAD = {"agent_cpu_seconds": 0.5, "agent_max_rss_mb": 70.0, "target_slowdown
 def live_like(mode):
     cap, ctx = h200_capture_and_context(mode)
     skipped = Capture("process", status="skipped", reason="captured on the H200 node without /proc access")
+    ctx["session_notes"] = ["a note"]            # as diagnosis.run keeps them
     rep, _ev = diagnosis.report_from([skipped, cap], ctx, dict(OVERHEAD), ["a note"])
     return [skipped, cap], ctx, rep
 

@@ -68,7 +68,11 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
         raise app.fail(str(exc), EXIT_BAD_INPUT) from None
     if not isinstance(b.context.get("window"), dict):
         raise app.fail(f"{bundle_path}: the bundle has no diagnosis window in its context", EXIT_BAD_INPUT)
-    notes = list(b.notes)
+    notes = b.context.get("session_notes")
+    if notes is None:
+        # Bundles saved before the session's notes were kept apart from the rules': keep only the
+        # session's own lines, the rules make theirs again.
+        notes = [n for n in b.notes if n.startswith(("the target exited", "interrupted after"))]
     rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead, notes)
     rep["command"] = "report"
     rep["source"] = {"bundle": bundle_path, "saved_unix": b.saved_unix, "saved_by_version": b.tool_version,

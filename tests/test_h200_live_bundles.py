@@ -1,0 +1,41 @@
+"""Bundles saved by `diagnose --save` on a real H200 node (benchmarks/gpu_validate.py --keep), re-diagnosed
+offline here: the same findings as the live run, and nothing invented on a machine without a GPU."""
+import json
+
+import pytest
+
+from tests.helpers import H200, run_cli
+
+BUNDLES = H200 / "live" / "bundles"
+EXPECTED_TOP = {"starved": "dataloader.starved", "pageable": "h2d.pageable", "sync": "host.launch_bound"}
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED_TOP))
+def test_report_of_a_gpu_bundle_reproduces_the_live_findings(mode):
+    path = BUNDLES / f"{mode}.tar.gz"
+    live = json.loads((H200 / "live" / f"{mode}.json").read_text())
+    r = run_cli("report", str(path), "--json")
+    assert r.rc == 0, r.err
+    off = r.json()
+    assert off["findings"][0]["id"] == EXPECTED_TOP[mode] == live["findings"][0]["id"]
+    assert [f["id"] for f in off["findings"]] == [f["id"] for f in live["findings"]]
+    for a, b in zip(off["findings"], live["findings"]):
+        assert a["expected_speedup"] == pytest.approx(b["expected_speedup"], rel=0.02)
+    assert off["host"]["gpus"][0]["name"] == "NVIDIA H200"
+    gpu = {p["name"]: p for p in off["probes"]}["gpu"]
+    assert gpu["status"] == "ok"
+
+
+def test_an_unnamed_thread_with_no_python_frames_is_not_busy():
+    # py-spy labels a thread without a name "thread (TID)": it has no Python frames, so it is idle,
+    # not a GIL suspect (the CUDA job on the H200 has such a thread beside the loop).
+    from agent import bundle
+    from probes.pyspy import PySpyProbe
+    b = bundle.load(str(BUNDLES / "starved.tar.gz"))
+    spy = PySpyProbe.parse(next(c for c in b.captures if c.probe == "pyspy"))
+    others = spy["other_threads"]
+    assert others and all(t["busy_fraction"] == 0.0 for t in others)
+    assert all(t["tid"] is not None for t in others)
+    r = run_cli("report", str(BUNDLES / "starved.tar.gz"), "--json")
+    assert r.rc == 0, r.err
+    assert not [n for n in r.json()["notes"] if "GIL" in n]
