@@ -182,8 +182,9 @@ def test_directory_bundle_of_a_job_with_workers(workload, tmp_path):
     assert r.rc == 0, r.err
     live = r.json()
     from probes.registry import probe_classes
-    # Every probe's capture is kept, the skipped ones too (with their reasons).
-    assert sorted(os.listdir(os.path.join(saved, "captures"))) == sorted(f"{c.name}.json" for c in probe_classes())
+    # Every probe of the run is kept, the skipped ones too (with their reasons): the default set here.
+    assert sorted(os.listdir(os.path.join(saved, "captures"))) == sorted(
+        f"{c.name}.json" for c in probe_classes() if c.default_enabled)
     off = run_cli("report", saved, "--json")
     assert off.rc == 0, off.err
     assert off.json()["findings"] == live["findings"]
