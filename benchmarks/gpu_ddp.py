@@ -4,7 +4,9 @@
 
 MODE `starved-rank1`: rank 1 loads its batches in the loop (num_workers=0, a costly per-sample
 Python transform, as the `starved` mode of gpu_workloads.py); the other ranks have their batches on
-the GPU already. MODE `healthy`: every rank has its batch on the GPU (compute-bound). Every 50 steps
+the GPU already. MODE `fixed-rank1`: the same, with the DataLoader settings trainprobe proposed for
+rank 1 (num_workers=3, pin_memory, persistent_workers). MODE `healthy`: every rank has its batch on
+the GPU (compute-bound). Every 50 steps
 each rank synchronises and prints
     PROGRESS mode=M rank=R steps=N elapsed=E steps_per_s=S t=UNIX
 Ranks agree to stop together (an all-reduce of a stop flag every 50 steps). NVLink multicast stays
@@ -38,6 +40,9 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     if mode == "starved-rank1" and rank == 1:
         batches = iter(DataLoader(Heavy(2000, (3, 64, 64)), batch_size=64))
+    elif mode == "fixed-rank1" and rank == 1:
+        batches = iter(DataLoader(Heavy(2000, (3, 64, 64)), batch_size=64, num_workers=3, pin_memory=True,
+                                  persistent_workers=True))
     else:
         x = torch.randn(64, 3, 64, 64, device="cuda")
         y = torch.randint(0, 10, (64,), device="cuda")

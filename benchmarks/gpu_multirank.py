@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+VARIANTS = "--skip gpu;--probes process,pyspy"   # extra diagnose runs, to tell the probes' costs apart
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
            PYTHONUNBUFFERED="1")
 
@@ -95,6 +96,10 @@ def run_mode(mode: str, out: Path, duration: float, clean: float) -> dict:
         c1 = time.time()
         rep_l, err_l, d0, d1 = diagnose(job.pid, duration, ["--save", str(out / f"{mode}.tar.gz")])
         rep_r, err_r, e0, e1 = diagnose(ranks[0], duration, [])
+        variants = {}
+        for extra in [v for v in VARIANTS.split(";") if v.strip()]:
+            rep_v, _err_v, v0, v1 = diagnose(job.pid, duration, extra.split())
+            variants[extra] = (v0, v1)
         f0 = time.time()
         time.sleep(clean)
         f1 = time.time()
@@ -107,6 +112,10 @@ def run_mode(mode: str, out: Path, duration: float, clean: float) -> dict:
                 over[str(r)] = {"untouched": round(statistics.mean(untouched), 2),
                                 "diagnosed": round(statistics.mean(during), 2),
                                 "ratio": round(statistics.mean(during) / statistics.mean(untouched), 4)}
+                for extra, (v0, v1) in variants.items():
+                    v = rate(p, v0 + 1, v1)
+                    if v:
+                        over[str(r)][f"ratio with {extra}"] = round(v / statistics.mean(untouched), 4)
         row["steps_per_s"] = over
         for tag, rep, err in (("launcher", rep_l, err_l), ("rank", rep_r, err_r)):
             (out / f"{mode}-{tag}.json").write_text(json.dumps(rep, indent=1) if rep else err)
@@ -148,7 +157,10 @@ def main() -> int:
     ap.add_argument("--modes", default="starved-rank1,healthy")
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--clean", type=float, default=6.0)
+    ap.add_argument("--variants", default=None, help="';'-separated extra diagnose argument sets")
     a = ap.parse_args()
+    if a.variants is not None:
+        globals()["VARIANTS"] = a.variants
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

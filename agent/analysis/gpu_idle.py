@@ -181,6 +181,11 @@ def correlate(gpu: dict[str, Any] | None, spy: dict[str, Any] | None) -> Attribu
     if not spy or not spy.get("timeline"):
         return Attribution(False, "no py-spy timeline of the training thread")
     targets = list(gpu.get("target_gpus") or [])
+    # The training thread's own GPU(s) when the job has several ranks: each rank drives its own.
+    own_pid = (spy.get("training_thread") or {}).get("pid")
+    own = sorted({p["gpu_index"] for p in gpu.get("processes") or [] if p.get("pid") == own_pid})
+    if spy.get("ranks") and own and set(own) <= set(targets):
+        targets = own
     if not targets:
         notes = [n for n in gpu.get("notes", []) if "PID" in n]
         return Attribution(False, notes[0] if notes else "the target uses no GPU")
@@ -229,7 +234,7 @@ STEP_STARTS = (("data_wait", "data_load"), ("h2d_copy",))
 MIN_STEPS = 3
 SAMPLES_PER_PHASE = 3      # a phase shorter than ~3 py-spy samples is missed in some steps
 MAX_STEP_CV = 0.5          # merged (missed) steps make the durations irregular
-DEFAULT_RATE_HZ = 50       # trainprobe's py-spy rate when the evidence does not say
+DEFAULT_RATE_HZ = 25       # trainprobe's py-spy rate when the evidence does not say
 
 
 def _blocks(tl: list[list[Any]], cats: tuple[str, ...]) -> tuple[list[float], list[float], list[float]]:

@@ -97,6 +97,19 @@ def data_share(tt: dict[str, Any]) -> float:
     return tt["breakdown"].get("data_wait", 0.0) + tt["breakdown"].get("data_load", 0.0)
 
 
+def gpu_busy_of(ev: Evidence, pid: int) -> tuple[int, float] | None:
+    """(GPU index, NVML busy share over the window) of the GPU a process used, from the gpu evidence."""
+    gpu = ev.get("gpu") or {}
+    idx = [p["gpu_index"] for p in gpu.get("processes") or [] if p.get("pid") == pid]
+    per = gpu.get("per_gpu") or {}
+    if len(set(idx)) != 1:
+        return None
+    g = per.get(idx[0]) if idx[0] in per else per.get(str(idx[0]))
+    if not g or g.get("busy_fraction") is None:
+        return None
+    return idx[0], float(g["busy_fraction"])
+
+
 def collective_wait_share(ev: Evidence, rank: dict[str, Any]) -> float | None:
     """Share of a rank's training thread spent off-CPU outside data waits: with ranks in lockstep,
     time spent waiting in collectives for a slower rank. Needs the process probe's thread CPU."""
@@ -139,7 +152,16 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
             wait = collective_wait_share(ev, r)
             facts.append(Fact("pyspy", f"rank PID {r['pid']}: share waiting for or loading its own batches",
                               round(data_share(r["training_thread"]), 3)))
-            if wait is not None:
+            mine, theirs = gpu_busy_of(ev, r["pid"]), gpu_busy_of(ev, worst["pid"])
+            if mine and theirs and mine[0] != theirs[0]:
+                # Ranks run the same model on the same batch size: the straggler's GPU shows what a
+                # step's own kernels take; the rest of this rank's "busy" GPU is collectives spinning
+                # while they wait for the straggler (NVML counts a waiting NCCL kernel as busy).
+                facts.append(Fact("gpu", f"rank PID {r['pid']}: GPU {mine[0]} busy {pct(mine[1])} (NVML) against "
+                                  f"{pct(theirs[1])} on the straggler's GPU {theirs[0]} for the same steps: share of "
+                                  "the window its collectives wait for the straggler, not for its own data",
+                                  round(max(0.0, mine[1] - theirs[1]), 3)))
+            elif wait is not None:
                 facts.append(Fact("process", f"rank PID {r['pid']}: share of its step off-CPU in forward/backward "
                                   f"(waiting in collectives for the straggler, not for its own data)", round(wait, 3)))
     top_tt = tt.get("top_stacks", {})
@@ -162,7 +184,10 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     if tt.get("worker_startup_seconds", 0) > 0:
         facts.append(Fact("pyspy", "seconds the loop spent starting DataLoader workers", tt["worker_startup_seconds"]))
     gpu = ev.get("gpu")
-    if gpu and gpu.get("idle_fraction") is not None:
+    own = gpu_busy_of(ev, worst["pid"]) if multi else None
+    if own is not None:
+        facts.append(Fact("gpu", f"share of the window the straggler's GPU {own[0]} was idle", round(1.0 - own[1], 4)))
+    elif gpu and gpu.get("idle_fraction") is not None:
         facts.append(Fact("gpu", "share of the window the GPU was idle", gpu["idle_fraction"]))
 
     w_cap = max_workers(p)

@@ -36,7 +36,8 @@ def _period_fact(gpu: dict[str, Any]) -> Fact:
 def _common_facts(ev: Evidence, att: Attribution) -> list[Fact]:
     gpu = ev.get("gpu") or {}
     idx = ",".join(str(i) for i in att.gpu_indices)
-    return [Fact("gpu", f"share of the window GPU {idx} was busy (NVML utilization samples)", gpu.get("busy_fraction")),
+    busy = round(att.busy_fraction, 4) if att.observed_s else gpu.get("busy_fraction")
+    return [Fact("gpu", f"share of the window GPU {idx} was busy (NVML utilization samples)", busy),
             _period_fact(gpu),
             Fact("gpu+pyspy", "seconds of GPU samples and host timeline that overlap (one wall clock)",
                  round(att.observed_s, 2))]
