@@ -472,3 +472,30 @@ def compile_bpf(text: str, cflags: list[str] | None = None) -> Loaded:
                               + install_hint("headers")) from None
         raise ProbeError(f"bcc could not compile or load its program: {msg}") from None
     return Loaded(bpf)
+
+
+# C helpers shared by trainprobe's BPF programs (each program defines an `events` per-CPU array
+# before it includes them).
+BPF_HELPERS = r"""static __always_inline u32 log2_u64(u64 v) {
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8) { v >>= 8; r += 8; }
+    if (v >> 4) { v >>= 4; r += 4; }
+    if (v >> 2) { v >>= 2; r += 2; }
+    if (v >> 1) { r += 1; }
+    return r;
+}
+
+/* Quarter-octave buckets: 0..3 exact, then 4 per power of two (at most 25% wide). */
+static __always_inline u32 slot_of(u64 v) {
+    if (v < 4) return (u32)v;
+    u32 l = log2_u64(v);
+    return l * 4 + (u32)((v >> (l - 2)) & 3);
+}
+
+static __always_inline void count_event(int i) {
+    u64 *c = events.lookup(&i);
+    if (c) (*c)++;
+}
+"""

@@ -27,9 +27,8 @@ from typing import Any
 from probes import procfs
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from probes.errors import PermissionDenied, TargetGone, Unavailable
-from probes.pyspy import pyspy_binary
+from probes.pyspy import pyspy_availability, pyspy_binary
 from probes.syscalls import SYSCALLS
-from probes.target import can_ptrace, inspect
 
 DEFAULT_RATE_HZ = 10.0
 KEEP_FRAMES = 12                 # innermost frames kept per thread and sample
@@ -47,19 +46,7 @@ class GilProbe(Probe):
     default_enabled = False      # 10-20% of one core while it samples: opt in with --deep
 
     def check(self, spec: WatchSpec) -> Availability:
-        if pyspy_binary() is None:
-            return Availability.no("py-spy not found: `pip install py-spy` in trainprobe's environment")
-        try:
-            info = inspect(spec.pid, spec.root)
-        except Exception as exc:  # noqa: BLE001
-            return Availability.no(str(exc))
-        if not info.is_python:
-            return Availability.no(f"PID {spec.pid} is not a Python process")
-        try:
-            ok, why = can_ptrace(info, spec.root)
-        except PermissionDenied as exc:
-            return Availability.no(str(exc))
-        return Availability.yes() if ok else Availability.no(why or "not permitted to attach")
+        return pyspy_availability(spec)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         exe = pyspy_binary()

@@ -33,6 +33,25 @@ SUPPORTED_PYTHON = ((2, 3), (3, 14))
 DEFAULT_RATE_HZ = 25
 
 
+def pyspy_availability(spec: WatchSpec) -> Availability:
+    """Whether py-spy can read the target: installed, a Python target, and the rights to attach."""
+    if pyspy_binary() is None:
+        return Availability.no("py-spy not found: `pip install py-spy` in trainprobe's environment")
+    try:
+        info = inspect(spec.pid, spec.root)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the target is the reason
+        return Availability.no(str(exc))
+    if not info.is_python:
+        return Availability.no(f"PID {spec.pid} is not a Python process")
+    try:
+        ok, why = can_ptrace(info, spec.root)
+    except PermissionDenied as exc:
+        return Availability.no(str(exc))
+    if not ok:
+        return Availability.no(why or "not permitted to attach")
+    return Availability.yes()
+
+
 def pyspy_binary() -> str | None:
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(here, os.X_OK):
@@ -44,22 +63,11 @@ class PySpyProbe(Probe):
     name = "pyspy"
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
-    cost = "py-spy's own CPU, about 2-5% of one core at 50 Hz; the target is never stopped"
+    cost = "py-spy's own CPU, about 0.3 CPU-s per 10 s window at 25 Hz; the target is never stopped"
     timeout_s = 15.0
 
     def check(self, spec: WatchSpec) -> Availability:
-        if pyspy_binary() is None:
-            return Availability.no("py-spy not found: `pip install py-spy` in trainprobe's environment")
-        try:
-            info = inspect(spec.pid, spec.root)
-        except Exception as exc:  # noqa: BLE001
-            return Availability.no(str(exc))
-        if not info.is_python:
-            return Availability.no(f"PID {spec.pid} is not a Python process")
-        ok, why = can_ptrace(info, spec.root)
-        if not ok:
-            return Availability.no(why or "not permitted to attach")
-        return Availability.yes()
+        return pyspy_availability(spec)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         exe = pyspy_binary()

@@ -59,28 +59,7 @@ BPF_HASH(hist, struct hkey_t, u64, 65536);
 BPF_HASH(wakers, struct wkey_t, struct wval_t, 32768);
 BPF_PERCPU_ARRAY(events, u64, 4);
 
-static __always_inline u32 log2_u64(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
-
-/* Quarter-octave buckets: 0..3 exact, then 4 per power of two (at most 25% wide). */
-static __always_inline u32 slot_of(u64 v) {
-    if (v < 4) return (u32)v;
-    u32 l = log2_u64(v);
-    return l * 4 + (u32)((v >> (l - 2)) & 3);
-}
-
-static __always_inline void count_event(int i) {
-    u64 *c = events.lookup(&i);
-    if (c) (*c)++;
-}
+__HELPERS__
 
 static __always_inline struct tstats_t *stats_of(u32 tid) {
     struct tstats_t zero = {};
@@ -195,6 +174,7 @@ STAT_FIELDS = ("runq_ns", "runq_n", "runq_max_ns", "oncpu_ns", "sleep_ns", "slee
 
 def build_program(formats: dict[str, dict[str, Any]]) -> str:
     return (BPF_TEXT
+            .replace("__HELPERS__", bs.BPF_HELPERS)
             .replace("__REPORT_MAX__", hex(bs.task_report_max(formats["sched_switch"])))
             .replace("__SWITCH_STRUCT__", bs.c_struct("tp_switch", formats["sched_switch"]))
             .replace("__WAKEUP_STRUCT__", bs.c_struct("tp_wakeup", formats["sched_wakeup"]))

@@ -91,27 +91,7 @@ BPF_HASH(read_sizes, struct rkey_t, u64, 8192);
 BPF_HASH(paths, struct pkey_t, u64, 2048);
 BPF_PERCPU_ARRAY(events, u64, 2);
 
-static __always_inline u32 log2_u64(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
-
-static __always_inline u32 slot_of(u64 v) {
-    if (v < 4) return (u32)v;
-    u32 l = log2_u64(v);
-    return l * 4 + (u32)((v >> (l - 2)) & 3);
-}
-
-static __always_inline void count_event(int i) {
-    u64 *c = events.lookup(&i);
-    if (c) (*c)++;
-}
+__HELPERS__
 
 int trainprb_sysent(struct tp_sys_enter *a) {
     count_event(0);
@@ -251,7 +231,7 @@ def build_program(formats: dict[str, dict[str, Any]], arch: str | None = None) -
     is_open = " || ".join(f"s.nr == {n}" for n in opens) or "0"
     is_open_nr = "(" + (" || ".join(f"nr == {n}" for n in opens) or "0") + ")"
     open_path = f"s.nr == {tab['open']} ? arg0 : arg1" if "open" in tab else "arg1"
-    return (BPF_TEXT.replace("__PATH_LEN__", str(PATH_LEN))
+    return (BPF_TEXT.replace("__HELPERS__", bs.BPF_HELPERS).replace("__PATH_LEN__", str(PATH_LEN))
             .replace("__ENTER_STRUCT__", bs.c_struct("tp_sys_enter", formats["sys_enter"]))
             .replace("__EXIT_STRUCT__", bs.c_struct("tp_sys_exit", formats["sys_exit"]))
             .replace("__FORK_STRUCT__", bs.c_struct("tp_fork", formats["sched_process_fork"]))
