@@ -11,11 +11,8 @@ CPU time per window and how many counter readings it took.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,42 +22,7 @@ sys.path.insert(0, str(REPO))
 from agent.session import run_session  # noqa: E402
 from probes.base import WatchSpec  # noqa: E402
 from probes.perfstat import PerfStatProbe  # noqa: E402
-
-
-class Job:
-    def __init__(self, *args: str):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent.workloads.train_cpu", "--seconds", "0",
-                                      "--report-every", "0.5", *args], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env)
-        self.points: list[tuple[float, int]] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("PROGRESS"):
-                kv = dict(x.split("=", 1) for x in line.split()[1:])
-                self.points.append((float(kv["t"]), int(kv["steps"])))
-
-    def wait_ready(self, n: int = 6, timeout: float = 120.0) -> None:
-        t = time.monotonic()
-        while len(self.points) < n:
-            if self.proc.poll() is not None or time.monotonic() - t > timeout:
-                raise RuntimeError("workload failed to start")
-            time.sleep(0.1)
-
-    def rate(self, t0: float, t1: float) -> float:
-        pts = [p for p in self.points if t0 <= p[0] <= t1]
-        (a, na), (b, nb) = pts[0], pts[-1]
-        return (nb - na) / (b - a)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+from _common import Workload  # noqa: E402
 
 
 def main() -> int:
@@ -70,7 +32,7 @@ def main() -> int:
     ap.add_argument("workload", nargs="*", default=["--num-workers", "1", "--persistent-workers",
                                                     "--sample-work", "3000"])
     a = ap.parse_args()
-    job = Job(*a.workload)
+    job = Workload(*a.workload)
     job.wait_ready()
     time.sleep(2)
     detached: list[float] = []
