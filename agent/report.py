@@ -41,7 +41,7 @@ def target_facts(ev: Evidence) -> dict[str, Any]:
         role = p["role"]
         if role == "dataloader_worker" and confirmed and p["pid"] not in confirmed and spy:
             role = "child"
-        workers.append({"pid": p["pid"], "role": role, "cpu_cores": p.get("cpu_cores"),
+        workers.append({"pid": p["pid"], "role": role, "parent": p.get("ppid"), "cpu_cores": p.get("cpu_cores"),
                         "alive_at_end": p.get("alive_at_end")})
     if not proc:
         workers = [{"pid": pid, "role": "dataloader_worker"} for pid in sorted(confirmed)]
