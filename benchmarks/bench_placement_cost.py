@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from probes.base import Capture, Recorder, WatchSpec  # noqa: E402
 from probes.placement import PlacementProbe  # noqa: E402
 from probes.topology import TopologyProbe  # noqa: E402
+from _common import Workload  # noqa: E402
 
 PY = sys.executable
 
@@ -42,30 +42,6 @@ def run_probe(probe, pid: int, window_s: float) -> tuple[Capture, float, float]:
     probe.capture(WatchSpec(pid=pid, window_s=window_s), Recorder(cap, threading.Event()), time.monotonic() + window_s)
     probe.parse(cap)
     return cap, cpu_self() - c0, time.monotonic() - t0
-
-
-class Job:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([PY, "-m", "agent.workloads.train_cpu", "--seconds", "0", "--report-every", "0.5",
-                                      *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        self.points: list[tuple[float, int]] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("PROGRESS"):
-                kv = dict(x.split("=", 1) for x in line.split()[1:])
-                self.points.append((float(kv["t"]), int(kv["steps"])))
-
-    def rate(self, t0: float, t1: float) -> float:
-        pts = [p for p in self.points if t0 <= p[0] <= t1]
-        (a, na), (b, nb) = pts[0], pts[-1]
-        return (nb - na) / (b - a)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
 
 
 def numa_maps_read_s(size_mb: int, repeats: int = 5) -> tuple[float, int]:
@@ -93,7 +69,7 @@ def main() -> int:
     ap.add_argument("--sizes-mb", default="256,1024,2048")
     a = ap.parse_args()
 
-    job = Job("--num-workers", "2", "--persistent-workers")
+    job = Workload("--num-workers", "2", "--persistent-workers")
     try:
         while len(job.points) < 4:
             if job.proc.poll() is not None:
