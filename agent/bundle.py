@@ -15,20 +15,27 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import stat
 import tarfile
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent import __version__
+from probes import redact
 from probes.base import Capture
 
 SCHEMA = "trainprobe.bundle/1"
 INDEX = "bundle.json"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
-MAX_MEMBER_BYTES = 2 << 30
+# A bundle comes from another machine or another user: untrusted. Its members are read in memory,
+# so their sizes are capped (a gzip bomb stops at the cap, with a clear error).
+MAX_MEMBER_BYTES = 256 << 20
+MAX_TOTAL_BYTES = 1 << 30
+MAX_MEMBERS = 512
+_MEMBER = re.compile(r"^(bundle\.json|report\.json|captures/[A-Za-z0-9_.\-]{1,80}\.json)$")
 
 
 class BundleError(Exception):
@@ -94,7 +101,12 @@ def _files(captures: list[Capture], context: dict[str, Any], report: dict[str, A
 
 
 def save(path: str, captures: list[Capture], context: dict[str, Any], report: dict[str, Any] | None = None) -> str:
-    """Write a bundle (a directory, or a .tar.gz when the path says so). Returns the path."""
+    """Write a bundle (a directory, or a .tar.gz when the path says so). Returns the path.
+
+    Every file is written through reports.output: atomic, mode 0600 (a bundle holds the target's
+    stacks and command line), given back to the user behind sudo."""
+    from reports import output
+
     check_target(path)
     files = _files(captures, context, report)
     try:
@@ -103,69 +115,111 @@ def save(path: str, captures: list[Capture], context: dict[str, Any], report: di
             for suf in ARCHIVE_SUFFIXES:
                 if top.endswith(suf):
                     top = top[: -len(suf)]
-            fd, tmp = tempfile.mkstemp(prefix=".trainprobe-", suffix=".tar.gz", dir=os.path.dirname(os.path.abspath(path)))
-            os.close(fd)
-            try:
-                with tarfile.open(tmp, "w:gz") as tar:
-                    now = time.time()
-                    for name, data in files.items():
-                        info = tarfile.TarInfo(f"{top or 'bundle'}/{name}")
-                        info.size, info.mtime, info.mode = len(data), now, 0o644
-                        tar.addfile(info, io.BytesIO(data))
-                mask = os.umask(0)
-                os.umask(mask)
-                os.chmod(tmp, 0o666 & ~mask)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+                now = time.time()
+                for name, data in files.items():
+                    info = tarfile.TarInfo(f"{top or 'bundle'}/{name}")
+                    info.size, info.mtime, info.mode = len(data), now, 0o600
+                    tar.addfile(info, io.BytesIO(data))
+            output.write(path, buf.getvalue(), private=True)
         else:
-            os.makedirs(os.path.join(path, "captures"), exist_ok=True)
+            output.make_dir(path)
+            output.make_dir(os.path.join(path, "captures"))
             for old in os.listdir(os.path.join(path, "captures")):
                 if old.endswith(".json"):
                     os.unlink(os.path.join(path, "captures", old))
             for name, data in sorted(files.items(), key=lambda kv: kv[0] == INDEX):  # the index last
-                tmp = os.path.join(path, name + ".tmp")
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, os.path.join(path, name))
+                output.write(os.path.join(path, name), data, private=True)
     except OSError as exc:
         raise BundleError(f"cannot save the bundle to {path}: {exc.strerror or exc}") from None
     return path
 
 
+def valid_member(name: Any) -> bool:
+    """A member name a bundle may hold: bundle.json, report.json or captures/<name>.json; nothing
+    absolute, no `..`, no other directory."""
+    return isinstance(name, str) and bool(_MEMBER.match(name)) and ".." not in name
+
+
 def _read_archive(path: str) -> dict[str, bytes]:
     """Every regular file of the archive, by its path below the bundle's top folder (read in
-    memory: nothing is extracted to disk, so member names cannot escape anywhere)."""
+    memory: nothing is extracted to disk, so member names cannot escape anywhere). Links and
+    other special members are ignored; sizes are capped."""
     out: dict[str, bytes] = {}
     try:
         with tarfile.open(path, "r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.isfile()]
+            members = []
+            total = 0
+            for n, m in enumerate(tar):
+                if n >= MAX_MEMBERS:
+                    raise BundleError(f"{path}: more than {MAX_MEMBERS} members: not a trainprobe bundle")
+                if m.name.startswith("/") or ".." in m.name.split("/"):
+                    raise BundleError(f"{path}: unsafe member name {m.name!r} (absolute or with ..)")
+                if not m.isfile():
+                    continue
+                if m.size > MAX_MEMBER_BYTES:
+                    raise BundleError(f"{path}: {m.name} is larger than {MAX_MEMBER_BYTES >> 20} MiB")
+                total += m.size
+                if total > MAX_TOTAL_BYTES:
+                    raise BundleError(f"{path}: larger than {MAX_TOTAL_BYTES >> 20} MiB in all")
+                members.append(m)
             index = [m for m in members if m.name.rstrip("/").split("/")[-1] == INDEX]
             if not index:
                 raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX} inside)")
             prefix = index[0].name[: -len(INDEX)]
             for m in members:
-                if not m.name.startswith(prefix):
+                if not m.name.startswith(prefix) or not valid_member(m.name[len(prefix):]):
                     continue
-                if m.size > MAX_MEMBER_BYTES:
-                    raise BundleError(f"{path}: {m.name} is larger than {MAX_MEMBER_BYTES >> 20} MiB")
                 fh = tar.extractfile(m)
                 if fh is not None:
-                    out[m.name[len(prefix):]] = fh.read()
+                    out[m.name[len(prefix):]] = fh.read(MAX_MEMBER_BYTES + 1)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise BundleError(f"cannot read the bundle {path} (a gzip-compressed tar archive): {why}") from None
     return out
 
 
-def _read_dir(path: str, names: list[str] | None = None) -> dict[str, bytes]:
+def _read_member(path: str, name: str, budget: list[int]) -> bytes | None:
+    """One member of a directory bundle: a regular file reached without following a link."""
+    if not valid_member(name):
+        raise BundleError(f"{path}: unsafe member name {name!r} in {INDEX} (only captures/<name>.json)")
+    d = path
+    for comp in name.split("/")[:-1]:
+        d = os.path.join(d, comp)
+        if os.path.islink(d) or not os.path.isdir(d):
+            raise BundleError(f"{path}: {comp}/ is a link or not a directory")
+    full = os.path.join(path, name)
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot open {name}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{path}: {name} is not a regular file")
+        if st.st_size > MAX_MEMBER_BYTES:
+            raise BundleError(f"{path}: {name} is larger than {MAX_MEMBER_BYTES >> 20} MiB")
+        budget[0] -= st.st_size
+        if budget[0] < 0:
+            raise BundleError(f"{path}: larger than {MAX_TOTAL_BYTES >> 20} MiB in all")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read(MAX_MEMBER_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _read_dir(path: str, names: list[str] | None = None, budget: list[int] | None = None) -> dict[str, bytes]:
+    budget = budget if budget is not None else [MAX_TOTAL_BYTES]
     out: dict[str, bytes] = {}
     for name in [INDEX] + (names or []):
-        full = os.path.join(path, name)
-        if os.path.isfile(full):
-            with open(full, "rb") as fh:
-                out[name] = fh.read()
+        data = _read_member(path, name, budget)
+        if data is not None:
+            out[name] = data
     return out
 
 
@@ -176,10 +230,14 @@ def load(path: str) -> Bundle:
         if not os.path.isfile(os.path.join(path, INDEX)):
             raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX}): save one with `diagnose --save`")
         try:
-            files = _read_dir(path)
+            budget = [MAX_TOTAL_BYTES]
+            files = _read_dir(path, budget=budget)
             index = json.loads(files[INDEX])
-            files.update(_read_dir(path, list(index.get("captures", [])) + ["report.json"]))
-        except (OSError, ValueError) as exc:
+            names = index.get("captures", []) if isinstance(index, dict) else []
+            if not isinstance(names, list) or len(names) > MAX_MEMBERS:
+                raise BundleError(f"{path}: {INDEX} lists no valid captures")
+            files.update(_read_dir(path, list(names) + ["report.json"], budget))
+        except (OSError, ValueError, RecursionError, KeyError) as exc:
             raise BundleError(f"cannot read the bundle {path}: {exc}") from None
     else:
         if not is_archive(path):
@@ -187,25 +245,39 @@ def load(path: str) -> Bundle:
         files = _read_archive(path)
         try:
             index = json.loads(files[INDEX])
-        except ValueError as exc:
+        except (ValueError, RecursionError, KeyError) as exc:
             raise BundleError(f"cannot read the bundle {path}: {INDEX}: {exc}") from None
     if not isinstance(index, dict) or index.get("schema") != SCHEMA:
         raise BundleError(f"{path}: unknown bundle schema {index.get('schema') if isinstance(index, dict) else None!r}"
                           f" (this trainprobe reads {SCHEMA})")
+    names = index.get("captures", [])
+    if not isinstance(names, list) or not all(valid_member(n) for n in names):
+        raise BundleError(f"{path}: {INDEX} lists an unsafe or invalid capture name (only captures/<name>.json)")
     captures = []
-    for name in index.get("captures", []):
+    for name in names:
         if name not in files:
             raise BundleError(f"{path}: {name} is listed but missing")
         try:
-            captures.append(Capture.from_dict(json.loads(files[name])))
-        except (ValueError, KeyError, TypeError) as exc:
+            doc = json.loads(files[name])
+            if not isinstance(doc, dict) or not isinstance(doc.get("artifacts", {}), dict):
+                raise TypeError("not a JSON object with artifacts")
+            cap = Capture.from_dict(doc)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise BundleError(f"{path}: {name} is not a capture: {exc}") from None
+        # Bundles saved by an older trainprobe, or redaction patterns given now (--redact).
+        cap.artifacts = {k: redact.artifact(k, v) if isinstance(v, str) else v for k, v in cap.artifacts.items()}
+        cap.provenance = redact.value(cap.provenance)
+        captures.append(cap)
     report = None
     if "report.json" in files:
         try:
-            report = json.loads(files["report.json"])
-        except ValueError:
+            report = redact.value(json.loads(files["report.json"]))
+        except (ValueError, RecursionError):
             report = None
-    return Bundle(captures=captures, context=dict(index.get("context") or {}), overhead=dict(index.get("overhead") or {}),
-                  notes=list(index.get("notes") or []), report=report, saved_unix=index.get("saved_unix"),
-                  tool_version=(index.get("tool") or {}).get("version"), path=path)
+    context, overhead, notes, tool = (index.get(k) for k in ("context", "overhead", "notes", "tool"))
+    if not all(isinstance(x, (dict, type(None))) for x in (context, overhead, tool)) or \
+            not isinstance(notes, (list, type(None))):
+        raise BundleError(f"{path}: {INDEX} is malformed (context, overhead, tool must be objects, notes a list)")
+    return Bundle(captures=captures, context=redact.value(dict(context or {})), overhead=dict(overhead or {}),
+                  notes=[str(n) for n in redact.value(list(notes or []))], report=report,
+                  saved_unix=index.get("saved_unix"), tool_version=(tool or {}).get("version"), path=path)

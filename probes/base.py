@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from probes import redact
 from probes.errors import ProbeError, TimedOut, translate_oserror
 
 STATUSES = ("ok", "skipped", "failed", "timeout")
@@ -117,11 +118,12 @@ class Recorder:
     def note(self, kind: str, what: str, rc: int | None, started: float, seconds: float) -> None:
         with self._lock:
             self.capture.provenance.append(
-                {"kind": kind, "what": what, "rc": rc, "started_unix": round(started, 6),
+                {"kind": kind, "what": redact.text(what), "rc": rc, "started_unix": round(started, 6),
                  "seconds": round(seconds, 6)})
 
     def add(self, name: str, text: str) -> None:
-        self.capture.artifacts[name] = text
+        """Store a raw artifact; credentials in it are redacted here, before anything else sees it."""
+        self.capture.artifacts[name] = redact.artifact(name, text)
 
     # -- files ------------------------------------------------------------------------------
     def read_file(self, path: str, artifact: str | None = None, record: bool = True) -> str:

@@ -137,7 +137,7 @@ class Sampler:
         base = f"proc/{pid}"
         try:
             raw = procfs.read_bytes(root, f"{base}/cmdline")
-            argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+            argv = procfs.parse_argv(raw)
         except Exception:  # noqa: BLE001 - gone, or a kernel thread
             argv = []
         try:
@@ -179,7 +179,7 @@ class Sampler:
             st = stat_fields(self.procs[str(self.pid)]["stat"] or "")
             if st and st[3] > 1:
                 raw = procfs.try_read_text(root, f"proc/{st[3]}/cmdline") or ""
-                self.launcher = {"pid": st[3], "argv": [a for a in raw.split("\0") if a]}
+                self.launcher = {"pid": st[3], "argv": procfs.parse_argv(raw)}
 
     def finish(self, root: str | None = None) -> None:
         root = root or self.root

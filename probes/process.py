@@ -29,8 +29,9 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
         status = procfs.read_text(root, f"{base}/status")
     except Exception:  # noqa: BLE001 - the process exited between listing and reading
         return None
-    cmdline = procfs.parse_cmdline(procfs.read_bytes(root, f"{base}/cmdline")) if os.path.exists(
-        procfs.path(root, f"{base}/cmdline")) else ""
+    argv = procfs.parse_argv(procfs.read_bytes(root, f"{base}/cmdline")) if os.path.exists(
+        procfs.path(root, f"{base}/cmdline")) else []
+    cmdline = " ".join(argv)
     tasks: dict[str, dict[str, str | None]] = {}
     try:
         tids = os.listdir(procfs.path(root, f"{base}/task"))
@@ -45,7 +46,7 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
             "status": procfs.try_read_text(root, f"{base}/task/{tid}/status"),
             "schedstat": procfs.try_read_text(root, f"{base}/task/{tid}/schedstat"),
         }
-    return {"stat": stat, "status": status, "cmdline": cmdline, "tasks": tasks}
+    return {"stat": stat, "status": status, "cmdline": cmdline, "argv": argv, "tasks": tasks}
 
 
 def _environ(root: str, pid: int) -> dict[str, str]:
@@ -216,7 +217,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         threads = _thread_rows(s, e, window_s)
         processes.append({
             "pid": p, "ppid": st["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
-            "cmdline": ref["cmdline"], "state": st["state"], "num_threads": st["num_threads"],
+            "cmdline": ref["cmdline"], "argv": ref.get("argv"), "state": st["state"], "num_threads": st["num_threads"],
             "cpu_seconds": round(max(cpu, 0.0), 4),
             "cpu_cores": round(max(cpu, 0.0) / window_s, 4),
             "cpus_allowed": status.get("Cpus_allowed_list"), "mems_allowed": status.get("Mems_allowed_list"),
@@ -250,7 +251,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         "uses_torch": any("libtorch" in x for x in libs),
         "uses_cuda": any(("libcuda.so" in x or "libcudart" in x) for x in libs),
         "python": _python_version(libs, d.get("exe") or main["cmdline"]),
-        "main": {k: main.get(k) for k in ("pid", "cmdline", "state", "num_threads", "cpu_seconds", "cpu_cores",
+        "main": {k: main.get(k) for k in ("pid", "cmdline", "argv", "state", "num_threads", "cpu_seconds", "cpu_cores",
                                           "cpus_allowed", "mems_allowed", "rss_mb")},
         "main_thread": next((t for t in main["threads"] if t["tid"] == main_tid), None),
         "busy_threads_in_main": len(busy_other) + 1,

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from probes.errors import translate_oserror
+from probes import redact
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -118,10 +119,16 @@ def parse_schedstat(text: str | None) -> dict[str, float] | None:
     return {"run_s": int(parts[0]) / 1e9, "wait_s": int(parts[1]) / 1e9, "timeslices": int(parts[2])}
 
 
-def parse_cmdline(raw: bytes | str) -> str:
+def parse_argv(raw: bytes | str) -> list[str]:
+    """/proc/PID/cmdline -> the argv list, with credentials redacted (probes.redact)."""
     if isinstance(raw, str):
         raw = raw.encode()
-    return " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+    return redact.argv(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+
+
+def parse_cmdline(raw: bytes | str) -> str:
+    """/proc/PID/cmdline -> one line, with credentials redacted (probes.redact)."""
+    return " ".join(parse_argv(raw))
 
 
 def parse_environ_whitelist(raw: bytes, names: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str]:

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from probes import procfs, pystacks
+from probes import procfs, pystacks, redact, sourcelines
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from probes.errors import PermissionDenied, Unavailable
 from probes.target import can_ptrace, inspect
@@ -104,62 +104,21 @@ class PySpyProbe(Probe):
         rec.add("chrometrace.json", text)
         rec.capture.meta.update({"pid": spec.pid, "rate_hz": spec.rate_hz, "launch_unix": launch_unix,
                                  "nonblocking": not spec.native, "argv": argv})
-        # Source lines of user-code leaf frames: the agent runs on the same host as the job.
-        cwd = None
-        try:
-            cwd = os.readlink(procfs.path(spec.root, f"proc/{spec.pid}/cwd"))
-        except OSError:
-            pass
+        # Source lines of user-code leaf frames, read as the target's own user could (sourcelines).
         try:
             events = json.loads(text)
         except ValueError:
             return
-        rec.add("source_lines.json", json.dumps(read_leaf_sources(events, cwd, rec)))
+        lines, skipped = sourcelines.read_leaf_sources(events, spec.pid, spec.root, rec=rec)
+        rec.add("source_lines.json", json.dumps(lines))
+        if skipped:
+            rec.add("source_skipped.json", json.dumps(skipped))
 
     @staticmethod
     def parse(capture: Capture) -> dict[str, Any]:
         events = json.loads(capture.artifacts["chrometrace.json"])
         source = json.loads(capture.artifacts.get("source_lines.json", "{}"))
         return analyse(pystacks.read_chrometrace(events), source, capture.meta)
-
-
-def read_leaf_sources(events: list[dict[str, Any]], cwd: str | None, rec: Recorder | None = None,
-                      remap: dict[str, str] | None = None) -> dict[str, str]:
-    """Read the source line of every user-code leaf frame seen in the trace."""
-    leaves: set[tuple[str, int]] = set()
-    depth: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
-    for ev in events:
-        key = (ev.get("pid"), ev.get("tid"))
-        args = ev.get("args") or {}
-        if ev.get("ph") == "B":
-            depth[key].append((args.get("filename") or "", int(args.get("line") or 0)))
-        elif ev.get("ph") == "E" and depth[key]:
-            fn, ln = depth[key][-1]
-            if fn and not pystacks.is_library(fn):
-                leaves.add((fn, ln))
-            depth[key].pop()
-    out: dict[str, str] = {}
-    cache: dict[str, list[str] | None] = {}
-    for fn, ln in sorted(leaves):
-        path = fn
-        if remap:
-            for a, b in remap.items():
-                if path.startswith(a):
-                    path = b + path[len(a):]
-        if not os.path.isabs(path) and cwd:
-            path = os.path.join(cwd, path)
-        if path not in cache:
-            try:
-                with open(path, "r", errors="replace") as fh:
-                    cache[path] = fh.read().splitlines()
-                if rec is not None:
-                    rec.note("file", path, 0, time.time(), 0.0)
-            except OSError:
-                cache[path] = None
-        lines = cache[path]
-        if lines is not None and 0 < ln <= len(lines):
-            out[f"{fn}:{ln}"] = lines[ln - 1].strip()
-    return out
 
 
 def _fractions(seconds: dict[str, float], total: float, cats: tuple[str, ...]) -> dict[str, float]:
@@ -361,7 +320,11 @@ def capture_from_chrometrace(text: str, pid: int, launch_unix: float = 0.0, rate
     events = json.loads(text)
     cap = Capture("pyspy", started_unix=launch_unix)
     cap.artifacts["chrometrace.json"] = text
-    cap.artifacts["source_lines.json"] = json.dumps(read_leaf_sources(events, cwd, None, source_remap))
+    lines, skipped = sourcelines.read_leaf_sources(events, None, "/", cwd=cwd, remap=source_remap)
+    cap.artifacts["chrometrace.json"] = redact.json_text(text)
+    cap.artifacts["source_lines.json"] = redact.json_text(json.dumps(lines))
+    if skipped:
+        cap.artifacts["source_skipped.json"] = json.dumps(skipped)
     cap.meta.update({"pid": pid, "rate_hz": rate_hz, "launch_unix": launch_unix, "nonblocking": True,
                      "imported": True})
     return cap

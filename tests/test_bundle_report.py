@@ -64,14 +64,12 @@ def test_report_command_prints_text_json_and_html(tmp_path):
     assert "trainprobe:" not in t.out
 
 
-def test_archive_permissions_follow_the_umask(tmp_path):
+def test_archive_is_private_and_leaves_no_temporary_file(tmp_path):
     caps, ctx, rep = live_like("pinned")
     path = tmp_path / "b.tgz"
     bundle.save(str(path), caps, ctx, rep)
-    mask = os.umask(0)
-    os.umask(mask)
-    assert (path.stat().st_mode & 0o777) == (0o666 & ~mask)
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".trainprobe-")]
+    assert (path.stat().st_mode & 0o777) == 0o600       # it holds the target's stacks and argv
+    assert os.listdir(tmp_path) == ["b.tgz"]
 
 
 def test_saving_over_an_unrelated_directory_is_refused(tmp_path):
