@@ -34,11 +34,36 @@ class App:
 
     def progress(self, msg: str) -> None:
         if not self.quiet:
-            print(f"trainprobe: {msg}", file=self.err, flush=True)
+            print(f"trainprobe: {_safe(msg)}", file=self.err, flush=True)
 
     def fail(self, msg: str, code: int) -> "click.exceptions.Exit":
-        print(f"trainprobe: {msg}", file=self.err, flush=True)
+        print(f"trainprobe: {_safe(msg)}", file=self.err, flush=True)
         return click.exceptions.Exit(code)
+
+
+def _safe(msg: str) -> str:
+    """A message may quote the target (its command line, a frame): redacted and escaped."""
+    from probes import redact
+    from reports.output import terminal_safe
+    return terminal_safe(redact.text(str(msg)))
+
+
+def _set_redact(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    from probes import redact
+    try:
+        redact.configure(value)
+    except redact.RedactPatternError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
+# `--redact REGEX` (repeatable) for every command that reads a target or a bundle. It is applied
+# where data enters trainprobe (probes.redact), before any probe runs: eager, and kept by the
+# redact module for this process rather than passed along as a value.
+redact_option = click.option(
+    "--redact", metavar="REGEX", multiple=True, expose_value=False, is_eager=True, callback=_set_redact,
+    help="Also hide what matches REGEX (Python syntax; repeatable) in every output. Credentials in option "
+         "values, NAME=value pairs and URLs are always hidden.")
 
 
 class LazyGroup(click.Group):
@@ -64,20 +89,42 @@ def main(ctx: click.Context, quiet: bool) -> None:
     ctx.obj = App(root=os.environ.get("TRAINPROBE_ROOT", "/"), quiet=quiet)
 
 
-def run() -> None:
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def run(args: list[str] | None = None) -> None:
+    """The exit-code contract at every point in time: 0, 1 (failed), 2 (bad input), 3 (target gone),
+    4 (not permitted), 130 (Ctrl-C, wherever it lands: never click's "Aborted!")."""
+    sys.exit(_run(args))
+
+
+def _run(args: list[str] | None) -> int:
     try:
-        main(standalone_mode=True)
-    except KeyboardInterrupt:
-        print("trainprobe: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except SystemExit:
-        raise
+        rc = main(args=args, standalone_mode=False)
+        return rc if isinstance(rc, int) else 0
+    except (KeyboardInterrupt, click.exceptions.Abort) as exc:
+        if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
+            print("trainprobe: end of input", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print("\ntrainprobe: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_BAD_INPUT
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
+    except BrokenPipeError:
+        return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
         if os.environ.get("TRAINPROBE_DEBUG"):
             raise
-        print(f"trainprobe: internal error: {type(exc).__name__}: {exc} (TRAINPROBE_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
-        sys.exit(1)
+        print(f"trainprobe: internal error: {type(exc).__name__}: {_safe(str(exc))} "
+              "(TRAINPROBE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from agent import evidence as evidence_mod
 from agent import report as report_mod
 from agent.evidence import Evidence
 from agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
-from agent.target import EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
+from agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
 from probes import procfs
 from probes.base import Capture, WatchSpec
 from probes.target import is_alive, launcher_of
@@ -96,5 +96,10 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tupl
     exit_code = EXIT_OK
     if gone and result.observed_s < max(MIN_EVIDENCE_S, 0.5 * duration_s):
         exit_code = EXIT_TARGET_GONE
+    elif any(c.probe == "pyspy" and c.status == "failed" and c.meta.get("error_kind") == "permission_denied"
+             for c in result.captures):
+        exit_code = EXIT_NOT_PERMITTED      # the stacks are the core of a diagnosis: say it was refused
+    if result.interrupted:
+        exit_code = EXIT_INTERRUPTED
     return Diagnosis(rep, ev, result.captures, exit_code, context)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from probes.base import Capture
 from probes.pyspy import split_traces
 from reports import folded, speedscope
 
+MAX_PROFILE_CHARS = 512 << 20   # a saved profile larger than this (decompressed) is refused
 UNIT = "us"       # trainprobe's folded counts: integer microseconds of wall-clock time
 
 
@@ -86,12 +88,28 @@ def _read_text(path: str) -> str:
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", errors="replace") as fh:  # type: ignore[operator]
-            return fh.read()
-    except OSError as exc:
-        raise ProfileError(f"cannot read {path}: {exc.strerror or exc}") from None
+            text = fh.read(MAX_PROFILE_CHARS + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ProfileError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(text) > MAX_PROFILE_CHARS:
+        raise ProfileError(f"{path} is larger than {MAX_PROFILE_CHARS >> 20} MiB (decompressed)")
+    return text
 
 
 def load_profile(path: str, threads: bool = False, subprocesses: bool = False) -> tuple[dict[str, int], str]:
+    """`_load_profile`, with credentials in frame and process names redacted (probes.redact): a
+    saved profile may come from an older trainprobe or from a tool that never redacted."""
+    from probes import redact
+
+    prof, desc = _load_profile(path, threads, subprocesses)
+    out: dict[str, int] = {}
+    for k, v in prof.items():
+        k = redact.text(k)
+        out[k] = out.get(k, 0) + v
+    return out, desc
+
+
+def _load_profile(path: str, threads: bool = False, subprocesses: bool = False) -> tuple[dict[str, int], str]:
     """A saved profile -> ({folded stack: count}, what it is, in words).
 
     Accepts a trainprobe bundle (directory or .tar.gz), folded text (one or two counts per line;

@@ -142,6 +142,7 @@ def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float) ->
             cap.status, cap.reason = "failed", "stopped before it gathered anything"
     except ProbeError as exc:
         cap.status, cap.reason = "failed", str(exc)
+        cap.meta["error_kind"] = exc.kind       # permission_denied decides the exit code
     except Exception as exc:  # noqa: BLE001 - a bug in one probe never sinks the session
         last = traceback.extract_tb(exc.__traceback__)[-1]
         cap.status = "failed"

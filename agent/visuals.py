@@ -95,13 +95,10 @@ def check_output(path: str) -> str | None:
 
 def write_html(path: str, report: dict[str, Any], ev: Evidence, captures: list[Capture]) -> None:
     """The HTML report of one diagnosis, written atomically (a reader never sees half a file)."""
-    from reports import html
+    import io
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            html.render(report, fh, build(ev, captures))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    from reports import html, output
+
+    buf = io.StringIO()
+    html.render(report, buf, build(ev, captures))
+    output.write(path, buf.getvalue(), private=True)

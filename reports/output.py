@@ -12,7 +12,9 @@ to the operator behind `sudo`.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from typing import Any
 
 PRIVATE_MODE = 0o600
 PUBLIC_MODE = 0o644
@@ -78,3 +80,37 @@ def make_dir(path: str, private: bool = True) -> str:
     os.chmod(path, PRIVATE_DIR_MODE if private else 0o755)
     give_back(path)
     return path
+
+
+# -- the terminal --------------------------------------------------------------------------------
+# Target-controlled strings (argv, thread names, frame names, file names) may hold ANSI escapes or
+# control characters that would move the cursor, rewrite earlier lines or retitle the terminal.
+# They are shown escaped (`\x1b`), along with C1 controls and Unicode bidirectional overrides.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_NL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\n]")
+# Fields whose text the rules write over several lines (code to change, a wrapper script).
+MULTILINE_FIELDS = frozenset({"change", "command", "script"})
+
+
+def _esc(m: re.Match[str]) -> str:
+    c = m.group(0)
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def terminal_safe(s: str, multiline: bool = False) -> str:
+    """`s` with control characters and escapes shown escaped (newlines kept when `multiline`)."""
+    if not isinstance(s, str):
+        return s
+    return (_CONTROL if multiline else _CONTROL_NL).sub(_esc, s)
+
+
+def terminal_safe_value(obj: Any, key: str | None = None) -> Any:
+    """terminal_safe applied to every string of a report (and to its keys)."""
+    if isinstance(obj, str):
+        return terminal_safe(obj, multiline=key in MULTILINE_FIELDS)
+    if isinstance(obj, dict):
+        return {terminal_safe(k) if isinstance(k, str) else k: terminal_safe_value(v, k if isinstance(k, str) else None)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [terminal_safe_value(v, key) for v in obj]
+    return obj

@@ -25,6 +25,9 @@ def _status(st: Style, s: str) -> str:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None, verbose: bool = False) -> None:
+    from reports.output import terminal_safe_value
+
+    report = terminal_safe_value(report)    # device names, mount points, messages from the host
     st = Style(use_color(stream) if color is None else color)
     lines: list[str] = []
     host, prof = report.get("host", {}), report.get("profile", {})

@@ -5,8 +5,6 @@ may read the directory at any moment and must never see half a file.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 STATUS_VALUE = {"ok": 0, "warn": 1, "critical": 2, "unknown": 3}
@@ -61,17 +59,5 @@ def render(report: dict[str, Any]) -> str:
 
 
 def write(report: dict[str, Any], path: str) -> None:
-    text = render(report)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".preflight-", suffix=".prom.tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from reports import output
+    output.write(path, render(report), private=False)   # node_exporter's textfile collector reads it

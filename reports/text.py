@@ -94,6 +94,10 @@ def _gpu_line(gpu: dict[str, Any] | None) -> str | None:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
+    from reports.output import terminal_safe_value
+
+    # Every string of the report may come from the target (argv, thread and frame names): escaped.
+    report = terminal_safe_value(report)
     st = Style(use_color(stream) if color is None else color)
     host, tgt, win = report["host"], report["target"], report["window"]
     lines: list[str] = []

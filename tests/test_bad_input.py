@@ -99,7 +99,7 @@ def test_no_permission_to_attach(workload):
     if exe is None:
         pytest.skip("no system python3 of the same version to run as an unprivileged user")
     w = workload("--seconds", "60", "--sample-work", "0")
-    site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(str(REPO))]
+    site = [p for p in sys.path if p.endswith("site-packages") and os.access(p, os.R_OK)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + site), NO_COLOR="1", HOME="/tmp")
     p = subprocess.run([exe, "-m", "agent", "diagnose", "--pid", str(w.pid), "--duration", "1"], cwd="/tmp",
                        capture_output=True, text=True, env=env, user=65534, group=65534, extra_groups=[],
@@ -119,7 +119,7 @@ def test_ctrl_c_reports_what_was_gathered_and_leaves_nothing_attached(workload):
     time.sleep(4)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
+    assert p.returncode == 130, err      # the contract: Ctrl-C is 130, with the report of what was gathered
     assert "Traceback" not in err
     import json
     rep = json.loads(out)

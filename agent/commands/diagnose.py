@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from agent.cli import App
-from agent.target import UserError
+from agent.cli import App, redact_option
+from agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserError
 
 MAX_WINDOW_S = 600.0
 
@@ -35,6 +35,7 @@ def _names(value: str | None) -> tuple[str, ...]:
                    "for `trainprobe report BUNDLE`.")
 @click.option("--html", "html_path", metavar="FILE", default=None,
               help="Also write the report as one self-contained HTML file (timeline, flame graphs).")
+@redact_option
 @click.pass_obj
 def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool, only: str | None,
             skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None) -> None:
@@ -61,6 +62,12 @@ def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool
     else:
         from reports import text
         text.render(d.report, app.out)
+    if d.exit_code == EXIT_INTERRUPTED:
+        raise app.fail(f"interrupted after {d.report['window']['seconds']:.1f} s; reported what was gathered",
+                       d.exit_code)
+    if d.exit_code == EXIT_NOT_PERMITTED:
+        reason = next((c.reason for c in d.captures if c.probe == "pyspy"), None)
+        raise app.fail(f"not permitted: {reason}", d.exit_code)
     if d.exit_code:
         raise app.fail(f"the target exited before enough evidence was gathered "
                        f"({d.report['window']['seconds']:.1f} s observed)", d.exit_code)

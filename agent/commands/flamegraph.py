@@ -11,8 +11,8 @@ import os
 
 import click
 
-from agent.cli import App
-from agent.target import EXIT_BAD_INPUT, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
+from agent.cli import App, redact_option
+from agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
 
 FORMATS = ("svg", "html", "speedscope", "folded")
 EXTENSIONS = {".svg": "svg", ".html": "html", ".htm": "html", ".json": "speedscope", ".folded": "folded",
@@ -50,8 +50,8 @@ def split_by_root(profile: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
 
 
 def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, threads: bool,
-           subprocesses: bool) -> tuple[dict[str, int], str, str]:
-    """Run the py-spy probe over one window -> (profile, title, subtitle)."""
+           subprocesses: bool) -> tuple[dict[str, int], str, str, bool]:
+    """Run the py-spy probe over one window -> (profile, title, subtitle, interrupted)."""
     from agent import profiles
     from agent.session import run_session
     from agent.target import resolve
@@ -72,7 +72,10 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
     gone = not is_alive(info.pid, app.root)
     if cap.status != "ok" or not cap.artifacts.get("chrometrace.json"):
         reason = cap.reason or "py-spy gathered nothing"
-        code = EXIT_TARGET_GONE if gone else (EXIT_NOT_PERMITTED if "ermi" in reason or "sudo" in reason else EXIT_FAILED)
+        if result.interrupted:
+            raise app.fail(f"interrupted before py-spy gathered anything ({reason})", EXIT_INTERRUPTED)
+        denied = cap.meta.get("error_kind") == "permission_denied" or "ermi" in reason or "sudo" in reason
+        code = EXIT_TARGET_GONE if gone else (EXIT_NOT_PERMITTED if denied else EXIT_FAILED)
         raise app.fail(f"py-spy could not sample PID {info.pid}: {reason}", code)
     prof = profiles.process_profile(profiles.stacks_of(cap), threads=threads, subprocesses=subprocesses)
     if not prof:
@@ -84,7 +87,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
     title = f"PID {info.pid}: {info.cmdline[:90]}"
     sub = (f"{result.observed_s:.1f} s window, py-spy {mode} --idle at {rate} Hz, {view}; "
            f"counts are microseconds of wall-clock time")
-    return prof, title, sub
+    return prof, title, sub, result.interrupted
 
 
 @click.command("flamegraph")
@@ -108,6 +111,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
               help="Differential flame graph against BEFORE (folded stacks, speedscope JSON, a bundle): red where "
                    "a frame's share of the time grew, blue where it shrank.")
 @click.option("--title", default=None, help="Title of the graph.")
+@redact_option
 @click.pass_obj
 def command(app: App, pid: int | None, input_path: str | None, duration: float, rate: int, output: str | None,
             fmt: str | None, threads: bool, subprocesses: bool, native: bool, diff_path: str | None,
@@ -138,30 +142,28 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
             prof, desc = profiles.load_profile(input_path, threads, subprocesses)
         except profiles.ProfileError as exc:
             raise app.fail(f"--input: {exc}", EXIT_BAD_INPUT) from None
-        graph_title, sub = f"Flame graph of {desc}", ""
+        graph_title, sub, interrupted = f"Flame graph of {desc}", "", False
     else:
-        prof, graph_title, sub = sample(app, pid, duration, rate, native, threads, subprocesses)
+        prof, graph_title, sub, interrupted = sample(app, pid, duration, rate, native, threads, subprocesses)
     if title:
         graph_title = title
     if before is not None:
         sub = (sub + "; " if sub else "") + f"before: {before_desc}"
-    text = render(prof, fmt, graph_title, sub, before)
+    from probes import redact
+    text = render(prof, fmt, redact.text(graph_title), redact.text(sub), before)
     if output:
-        tmp = f"{output}.tmp{os.getpid()}"
+        from reports import output as out_file
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, output)
+            out_file.write(output, text, private=True)
         except OSError as exc:
             raise app.fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         app.progress(f"wrote {fmt} to {output}: {len(prof)} distinct stacks, {sum(prof.values()) / 1e6:.2f} s")
     else:
         app.out.write(text)
         if hasattr(app.out, "flush"):
             app.out.flush()
+    if interrupted:
+        raise app.fail("interrupted: drew what was sampled until then", EXIT_INTERRUPTED)
 
 
 def render(prof: dict[str, int], fmt: str, title: str, sub: str, before: dict[str, int] | None) -> str:

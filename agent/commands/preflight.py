@@ -110,9 +110,8 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
 
     if save_raw:
         try:
-            with open(save_raw, "w") as fh:
-                json.dump(raw, fh, indent=1, default=str)
-                fh.write("\n")
+            from reports import output
+            output.write(save_raw, json.dumps(raw, indent=1, default=str) + "\n", private=True)
         except OSError as exc:
             raise app.fail(f"cannot write {save_raw}: {exc.strerror}", BAD_INPUT) from None
     if prom_file:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from agent.cli import App
+from agent.cli import App, redact_option
 from agent.target import EXIT_BAD_INPUT
 
 
@@ -56,6 +56,7 @@ def _finding_ids(report: dict[str, Any] | None) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--html", "html_path", metavar="FILE", default=None,
               help="Also write the report as one self-contained HTML file.")
+@redact_option
 @click.pass_obj
 def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) -> None:
     """Re-diagnose a bundle saved by `diagnose --save`, offline."""

@@ -27,6 +27,7 @@ worker, is what the training process's intra-op threads should be capped at (at 
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
 from agent.evidence import Evidence
@@ -162,7 +163,8 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
                  f"runnable threads than CPUs that wait goes: 1/(1-r)={loop_gain:.2f}x (leaves out CPU burnt by "
                  "spinning OpenMP threads, so the real gain can be larger)")
 
-    cmd = _cmdline_prefix((proc.get("main") or {}).get("cmdline"))
+    main_proc = proc.get("main") or {}
+    cmd = shlex.join(main_proc.get("argv") or _cmdline_prefix(main_proc.get("cmdline")).split())
     other_note = f", {others_whole} taken by other processes" if others_whole else ""
     fixes = []
     if team_now > n_main:

@@ -15,6 +15,7 @@ and quotes the lower bound 1 / (1 - s_lo) with low confidence.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from agent.evidence import Evidence
@@ -110,7 +111,7 @@ def io_small_reads(ev: Evidence) -> Finding | None:
         Fix("Pack the small files into shards and read each shard sequentially",
             change="tar/WebDataset shards of ~100 MB (webdataset.WebDataset('shards/{000000..000099}.tar')), "
                    "or one memory-mapped array; one open per shard instead of one per sample",
-            command=f"tar --sort=name -cf /path/to/shards/shard-000000.tar -C {src} ."),
+            command=shlex.join(["tar", "--sort=name", "-cf", "/path/to/shards/shard-000000.tar", "-C", src, "."])),
         Fix("Cache what the workers decode, so later epochs skip the files",
             change="decode once into a NumPy memmap / local cache and index it in __getitem__"),
     ]

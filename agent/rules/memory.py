@@ -18,6 +18,7 @@ Both stay below the Amdahl ceiling 1 / (1 - s).
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from agent.evidence import Evidence
@@ -150,7 +151,8 @@ def _numa_fix(ev: Evidence, facts: list[Fact]) -> Fix | None:
             node = g["numa_node"]
             break
     cmdline = ((ev.get("process") or {}).get("main") or {}).get("cmdline") or ev.context.get("target", {}).get("cmdline")
-    cmd = cmdline or "python train.py"
+    argv = ((ev.get("process") or {}).get("main") or {}).get("argv")
+    cmd = shlex.join(argv or (cmdline or "python train.py").split())
     if node is not None:
         facts.append(Fact("gpu", "NUMA node of the job's GPU", node))
         return Fix(f"Bind the job and its workers to NUMA node {node}, its GPU's node (workers inherit the binding)",
