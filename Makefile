@@ -18,7 +18,11 @@ demo: deps
 test: deps
 	$(VPY) -m pytest -q tests
 
-deps: system venv host
+# Host changes (mounting tracefs, linking kernel headers) happen only when asked: `make host`, or
+# TRAINPROBE_PREPARE_HOST=1 (which .ci/run sets). Under CI (TRAINPROBE_REQUIRE_LIVE=1) a failed
+# system-package install fails `make`; elsewhere it is reported and the probes that need the
+# package say so.
+deps: system venv $(if $(filter 1,$(TRAINPROBE_PREPARE_HOST)),host)
 
 # System packages: installed only when missing, and only where we may (root with apt-get).
 system:
@@ -26,8 +30,13 @@ system:
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) >/tmp/trainprobe-apt.log 2>&1 \
-	      || { tail -20 /tmp/trainprobe-apt.log; echo "apt-get failed: the probes that need$$missing will say so and skip"; }; \
+	    log=$$(mktemp -t trainprobe-apt.XXXXXX); \
+	    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) >"$$log" 2>&1; \
+	    then rm -f "$$log"; \
+	    else tail -20 "$$log"; rm -f "$$log"; \
+	      if [ "$${TRAINPROBE_REQUIRE_LIVE:-0}" != 0 ]; then echo "apt-get failed:$$missing (CI needs every package)"; exit 1; fi; \
+	      echo "apt-get failed: the probes that need$$missing will say so and skip"; fi; \
+	  elif [ "$${TRAINPROBE_REQUIRE_LIVE:-0}" != 0 ]; then echo "missing:$$missing and cannot install them (CI needs every package)"; exit 1; \
 	  else echo "not root: skipping system packages$$missing (the probes that need them will say so)"; fi; \
 	fi
 
@@ -41,6 +50,7 @@ $(STAMP): setup.cfg setup.py
 	touch $(STAMP)
 
 # What eBPF needs on a fresh machine: tracefs, and kernel headers where bcc looks for them.
+# Changes the host (a mount, links under /lib/modules): only when asked.
 host:
 	@sh scripts/prepare-host.sh
 
