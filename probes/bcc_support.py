@@ -137,6 +137,18 @@ def may_use_bpf(root: str = "/") -> bool:
     return bool(caps >> CAP_SYS_ADMIN & 1) or bool((caps >> CAP_BPF & 1) and (caps >> CAP_PERFMON & 1))
 
 
+CAP_DAC_READ_SEARCH = 2
+
+
+def root_ok_dac(root: str = "/") -> bool:
+    """False when tracefs is mounted but this user cannot look inside it (not root, no
+    CAP_DAC_READ_SEARCH): then the fix is a capability, not a mount."""
+    d = procfs.path(root, "sys/kernel/tracing")
+    if os.geteuid() == 0 or effective_caps(root) >> CAP_DAC_READ_SEARCH & 1:
+        return True
+    return not (os.path.ismount(d) and not os.access(d, os.R_OK | os.X_OK))
+
+
 def tracefs_dir(root: str = "/") -> str | None:
     """Where tracefs' events are, or None when it is not mounted."""
     for d in TRACEFS_DIRS:
@@ -209,7 +221,10 @@ def readiness(tracepoints: tuple[str, ...], root: str = "/", release: str | None
         r.missing.append("bcc is not installed: " + install_hint("bcc", rel, root))
     tfs = tracefs_dir(root)
     r.facts["tracefs"] = tfs
-    if tfs is None:
+    if tfs is None and not root_ok_dac(root):
+        r.missing.append("tracefs at /sys/kernel/tracing is root-only (mode 0700): run trainprobe as root, or "
+                         "give it CAP_DAC_READ_SEARCH besides CAP_BPF and CAP_PERFMON (docs/security.md)")
+    elif tfs is None:
         if root_ok and os.path.isdir(procfs.path(root, "sys/kernel/tracing")):
             r.will_mount_tracefs = True
         else:

@@ -79,9 +79,24 @@ def inspect(pid: int, root: str = "/") -> ProcessInfo:
     )
 
 
+CAP_SYS_PTRACE = 19
+
+
+def has_capability(cap: int, root: str = "/") -> bool:
+    """Whether trainprobe itself holds capability `cap` (its bit number) in its effective set."""
+    status = procfs.parse_status(procfs.try_read_text(root, "proc/self/status") or "")
+    try:
+        return bool(int(status.get("CapEff", "0"), 16) >> cap & 1)
+    except ValueError:
+        return False
+
+
 def can_ptrace(info: ProcessInfo, root: str = "/") -> tuple[bool, str | None]:
-    """Whether this user may attach to the target (py-spy reads its memory through ptrace rules)."""
-    if os.geteuid() == 0:
+    """Whether this user may attach to the target (py-spy reads its memory through ptrace rules).
+
+    Root, or CAP_SYS_PTRACE in the effective set (`setpriv --ambient-caps +sys_ptrace ...`), may
+    read any process; others only their own, as kernel.yama.ptrace_scope allows."""
+    if os.geteuid() == 0 or has_capability(CAP_SYS_PTRACE, root):
         return True, None
     if info.uid != os.geteuid():
         return False, (f"PID {info.pid} belongs to uid {info.uid}; reading its memory needs root or "
