@@ -1,3 +1,3 @@
-from agent.cli import run
+from agent import entry
 
-run()
+entry()
