@@ -95,10 +95,10 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         # Each adjustable probe may take what is left, less a minimum kept for those after it.
         reserve = sum(getattr(q, "min_cost_cpu_s", 0.0) for q in adjustable[i + 1:])
         cost = pr.fit_budget(spec, job, max(0.0, left - reserve))
-        if cost is None and i == 0 and getattr(pr, "min_cost_cpu_s", 0.0):
+        if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so.
-            cost = pr.fit_budget(spec, job, pr.min_cost_cpu_s * max(spec.window_s, 0.5) / 10.0 + 1e-9)
+            cost = pr.fit_budget(spec, job, pr.min_cost(spec.window_s))
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:

@@ -66,6 +66,7 @@ class ProcessProbe(Probe):
     needs = ("/proc readable for the target",)
     cost = "negligible: two /proc snapshots and a child listing every 0.5 s"
     timeout_s = 10.0
+    cost_cpu_s_fixed = 0.02        # measured per 10 s window, capture and parse (docs/cost.md)
 
     def check(self, spec: WatchSpec) -> Availability:
         if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):

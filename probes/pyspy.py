@@ -128,6 +128,11 @@ class PySpyProbe(Probe):
     def check(self, spec: WatchSpec) -> Availability:
         return pyspy_availability(spec)
 
+    @staticmethod
+    def min_cost(window_s: float) -> float:
+        """The training process alone at MIN_MAIN_RATE_HZ: the least sampling worth a diagnosis."""
+        return PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * max(window_s, 0.5) * SAMPLE_CPU_S + 1e-6
+
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))
         return ProbeCost(PYSPY_FIXED_CPU_S + spec.rate_hz * spec.window_s * n * SAMPLE_CPU_S_SUBPROCESSES,
