@@ -53,7 +53,7 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
 
 def run_overhead(result: SessionResult, plan: Any) -> dict[str, Any]:
     from agent.session import measured_overhead
-    return measured_overhead(result.recorders, result.thread_cpu, plan)
+    return measured_overhead(result.recorders, result.thread_cpu, plan, result.tree_rss_peak_mb)
 
 
 def sampling_section(captures: list[Capture], plan: Any, observed_s: float, job: Any) -> dict[str, Any]:
@@ -116,9 +116,9 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
                      native=native, root=root, options=dict(options or {}))
     probes = select_probes(only, skip, deep)
     job = cost_mod.job_shape(info.pid, root)
-    plan = cost_mod.plan(spec, probes, job, enforce=enforce)
     result: SessionResult = run_session(spec, probes, progress, target_alive=lambda: is_alive(info.pid, root),
-                                        plan=plan)
+                                        planner=lambda ok: cost_mod.plan(spec, ok, job, enforce=enforce))
+    plan = result.plan
     host = host_context(root)
     context = {
         "host": host,

@@ -35,10 +35,12 @@ class SessionResult:
     overhead: dict[str, Any] = field(default_factory=dict)
     recorders: dict[str, Recorder] = field(default_factory=dict)
     thread_cpu: dict[str, float] = field(default_factory=dict)
+    plan: Any = None
+    tree_rss_peak_mb: float = 0.0
 
 
 def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, float],
-                      plan: Any = None) -> dict[str, Any]:
+                      plan: Any = None, tree_rss_peak_mb: float = 0.0) -> dict[str, Any]:
     """What the agent tree cost so far: this process since it started, and every child each probe
     started (its rusage when reaped, its own children included), per probe."""
     from agent.cost import process_start_cpu_note, tree_usage
@@ -54,14 +56,16 @@ def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, fl
     total = u["self_cpu_seconds"] + u["children_cpu_seconds"]
     out: dict[str, Any] = {
         "agent_cpu_seconds": round(total, 3),
-        "agent_max_rss_mb": round(u["self_max_rss_mb"] + children_rss, 1),
+        # The tree's peak sampled during the window, or the agent's own peak if higher (start-up, rules).
+        "agent_max_rss_mb": round(max(tree_rss_peak_mb, u["self_max_rss_mb"]), 1),
         "agent_process_cpu_seconds": round(u["self_cpu_seconds"], 3),
         "children_cpu_seconds": round(u["children_cpu_seconds"], 3),
         # Reaped children no probe accounted for (started outside a Recorder): should stay near 0.
         "untracked_children_cpu_seconds": round(max(0.0, u["children_cpu_seconds"] - tracked_cpu), 3),
         "agent_process_max_rss_mb": round(u["self_max_rss_mb"], 1),
-        "children_max_rss_mb": round(children_rss, 1),
-        "basis": process_start_cpu_note() + "; RSS: the agent's peak plus the sum of its children's peaks",
+        "children_max_rss_mb_by_rusage": round(children_rss, 1),
+        "basis": process_start_cpu_note() + "; RSS: the tree's resident memory sampled from /proc during the window "
+                 "(this process and every live child), or the agent's own peak if higher",
         "by_probe": by_probe,
     }
     if plan is not None:
@@ -82,9 +86,11 @@ def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: 
 
 
 def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stderr_progress,
-                target_alive: Callable[[], bool] | None = None, plan: Any = None) -> SessionResult:
-    """Run `probes` over one window. With a `plan` (agent/cost.py), probes it could not fit in the
-    agent's budget are recorded as skipped with the reason, and the overhead carries the plan."""
+                target_alive: Callable[[], bool] | None = None,
+                planner: Callable[[list[Probe]], Any] | None = None) -> SessionResult:
+    """Run `probes` over one window. With a `planner` (agent/cost.py), the probes that can run here
+    are planned within the agent's budget before the window; those it could not fit are recorded as
+    skipped with the reason, and the overhead carries the plan."""
     stop = threading.Event()
     captures: dict[str, Capture] = {}
     threads: dict[str, threading.Thread] = {}
@@ -94,13 +100,17 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
     t0 = time.monotonic()
     deadline = t0 + spec.window_s
 
+    checks: dict[str, Availability] = {}
+    for probe in probes:
+        try:
+            checks[probe.name] = probe.check(spec)
+        except Exception as exc:  # noqa: BLE001 - a broken check is a skipped probe, not a crash
+            checks[probe.name] = Availability.no(f"availability check failed: {exc}")
+    plan = planner([p for p in probes if checks[p.name].ok]) if planner is not None else None
     for probe in probes:
         cap = Capture(probe.name, started_unix=started)
         captures[probe.name] = cap
-        try:
-            av = probe.check(spec)
-        except Exception as exc:  # noqa: BLE001 - a broken check is a skipped probe, not a crash
-            av = Availability.no(f"availability check failed: {exc}")
+        av = checks[probe.name]
         if av.ok and plan is not None and probe.name in plan.skipped:
             av = Availability.no(plan.skipped[probe.name])
         if not av.ok:
@@ -120,9 +130,11 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
 
     interrupted = False
     watch_end = deadline
+    rss = _TreeRss(recorders)
     try:
         while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            rss.sample()
             if target_alive is not None and not target_alive():
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
                 stop.set()
@@ -154,8 +166,38 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
     return SessionResult(
         captures=[captures[p.name] for p in probes], started_unix=started, window_s=spec.window_s,
         observed_s=observed, interrupted=interrupted,
-        overhead=measured_overhead(recorders, thread_cpu, plan), recorders=recorders, thread_cpu=thread_cpu,
+        overhead=measured_overhead(recorders, thread_cpu, plan, rss.peak_mb), recorders=recorders,
+        thread_cpu=thread_cpu, plan=plan, tree_rss_peak_mb=rss.peak_mb,
     )
+
+
+class _TreeRss:
+    """The agent tree's resident memory (this process plus every live child of every probe), read
+    from /proc every 0.6 s of the window: rusage cannot give it (a child's ru_maxrss includes the
+    agent's own memory, copied at fork, so peaks do not add up)."""
+
+    def __init__(self, recorders: dict[str, Recorder]):
+        self.recorders = recorders
+        self.peak_mb = 0.0
+        self._next = 0.0
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + 0.6
+        pids = [os.getpid()] + [p for r in list(self.recorders.values()) for p in r.live_children()]
+        total = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/statm") as fh:
+                    total += int(fh.read().split()[1]) * _PAGE_MB
+            except (OSError, ValueError, IndexError):
+                pass
+        self.peak_mb = max(self.peak_mb, total)
+
+
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
 
 
 def probes_by(name: str, probes: list[Probe]) -> Probe:

@@ -164,13 +164,22 @@ def test_gpu_capture_reads_sample_buffers_rarely_and_per_process_only_when_share
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_reported_overhead_matches_the_rusage_of_the_whole_agent_tree(workload, workers):
     w = workload("--num-workers", workers, "--seconds", "60")
+    from benchmarks._cost_bench import _tree_rss_mb
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run([PY, "-m", "agent", "diagnose", "--pid", str(w.pid), "--duration", "3", "--json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    p = subprocess.Popen([PY, "-m", "agent", "diagnose", "--pid", str(w.pid), "--duration", "3", "--json"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    while p.poll() is None:                      # the tree's resident memory, from outside
+        try:
+            peak = max(peak, _tree_rss_mb(p.pid))
+        except Exception:  # noqa: BLE001 - the tree changes under us
+            pass
+        time.sleep(0.1)
+    out, err = p.communicate()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.returncode == 0, err[-2000:]
     measured = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
-    ov = json.loads(p.stdout)["overhead"]
+    ov = json.loads(out)["overhead"]
     by_probe = ov["by_probe"]
     assert by_probe["pyspy"]["children"] >= 1 and by_probe["pyspy"]["children_cpu_seconds"] > 0
     assert ov["untracked_children_cpu_seconds"] <= 0.02
@@ -178,4 +187,5 @@ def test_reported_overhead_matches_the_rusage_of_the_whole_agent_tree(workload, 
     # (rendering, interpreter exit) or 15% below it.
     assert ov["agent_cpu_seconds"] <= measured + 0.02
     assert ov["agent_cpu_seconds"] >= measured - max(0.1, 0.15 * measured), (ov, measured)
-    assert ov["agent_max_rss_mb"] >= r1.ru_maxrss / 1024.0 * 0.9 or ov["agent_max_rss_mb"] > 20
+    # RSS: the session samples the tree every 0.6 s, the test every 0.1 s.
+    assert 0.7 * peak <= ov["agent_max_rss_mb"] <= 1.3 * peak + 5, (ov["agent_max_rss_mb"], peak)
