@@ -68,6 +68,11 @@ def test_the_session_plan_fits_the_budget_and_says_what_it_skipped():
     assert spec.options["pyspy_plan"]["main_rate_hz"] >= MIN_MAIN_RATE_HZ
     small = cost.plan(WatchSpec(pid=1, window_s=10.0), [PySpyProbe(), GilProbe()], _job(0, 2))
     assert "pyspy" in small.probes and small.planned_rss_mb <= cost.BUDGET_RSS_MB
+    assert "gil" in small.skipped and "budget" in small.skipped["gil"]     # a costly probe that does not fit
+    assert small.over_budget                                              # py-spy kept at its minimum, said so
+    big = WatchSpec(pid=1, window_s=10.0)
+    cost.plan(big, [PySpyProbe(), GilProbe()], _job(0, 64))
+    assert 1.0 <= big.options["gil_rate_hz"] <= 10.0
 
 
 # -- children's rusage ---------------------------------------------------------------------------
