@@ -194,3 +194,15 @@ def test_reported_overhead_matches_the_rusage_of_the_whole_agent_tree(workload, 
     assert ov["agent_cpu_seconds"] >= measured - max(0.1, 0.15 * measured), (ov, measured)
     # RSS: the session samples the tree every 0.6 s, the test every 0.1 s.
     assert 0.7 * peak <= ov["agent_max_rss_mb"] <= 1.3 * peak + 5, (ov["agent_max_rss_mb"], peak)
+
+
+def test_text_report_says_what_was_sampled_and_how_precisely():
+    from reports.text import sampling_line
+    line = sampling_line({"training_process": {"rate_hz": 25, "samples": 250, "share_half_width_95": 0.063},
+                          "workers": {"known": 14, "sampled": 14, "rate_hz": 12, "samples": 240,
+                                      "rotation": "2 at a time", "share_half_width_95": 0.065}})
+    assert "25 Hz" in line and "250 samples" in line and "+-6 pts" in line and "14 of 14 at 12 Hz" in line
+    line = sampling_line({"training_process": {"rate_hz": 10, "samples": 100, "share_half_width_95": 0.1},
+                          "workers": {"known": 8, "sampled": 0}})
+    assert "8 not sampled by py-spy" in line
+    assert sampling_line({}) is None
