@@ -206,3 +206,25 @@ def test_text_report_says_what_was_sampled_and_how_precisely():
                           "workers": {"known": 8, "sampled": 0}})
     assert "8 not sampled by py-spy" in line
     assert sampling_line({}) is None
+
+
+def test_workers_are_sampled_in_rotation_by_per_pid_samplers(workload):
+    """A real job with 3 workers; py-spy planned with room for workers: the target has its own
+    sampler, the workers are sampled in slots (2 at a time), and the evidence sees every worker."""
+    from agent.session import run_session
+    from probes import procfs
+    w = workload("--num-workers", "3", "--persistent-workers", "--seconds", "60", warmup_lines=2)
+    kids = dict(procfs.descendants_of(w.pid))
+    procs = (w.pid, *kids)
+    spec = WatchSpec(pid=w.pid, window_s=4.0)
+    spec.options["pyspy_plan"] = plan_sampling(4.0, procs, kids, 10.0, 20)
+    assert len(spec.options["pyspy_plan"]["worker_slots"]) == 2
+    res = run_session(spec, [PySpyProbe()], progress=lambda m: None)
+    cap = res.captures[0]
+    assert cap.status == "ok", cap.reason
+    ev = PySpyProbe.parse(cap)
+    assert ev["training_thread"]["seconds"] > 2.0
+    assert ev["workers"]["count"] == 3                                # every worker, though never all at once
+    assert set(cap.meta["sampling"]["workers_sampled"]) == {str(p) for p in kids}
+    assert ev["workers"]["busy_fraction"] is not None
+    assert res.overhead["by_probe"]["pyspy"]["children"] == 4          # the target's sampler and 3 worker samplers
