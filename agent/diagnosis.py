@@ -144,6 +144,8 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
     # The overhead is taken again now, so it covers the evidence and the rules too; only rendering
     # and exit come after it.
     final = run_overhead(result, plan)
+    for name, secs in ev.parse_cpu_s.items():
+        final["by_probe"].setdefault(name, {})["parse_cpu_seconds"] = secs
     final.update({k: v for k, v in overhead.items() if k == "probes"})
     final["target_slowdown_estimate"] = round(
         final["agent_cpu_seconds"] / max(result.observed_s * job.cpu_capacity, 1e-6), 4)

@@ -338,9 +338,11 @@ class Probe:
     cost: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 10.0     # allowed beyond the window before the probe is abandoned
     default_enabled: ClassVar[bool] = True
-    # The measured cost model (docs/cost.md): CPU-s = fixed + per_s * window; RSS of its children.
+    # The measured cost model (docs/cost.md), capture and parse: CPU-s = fixed + per_s * window +
+    # per_process * (processes - 1); RSS of its children.
     cost_cpu_s_fixed: ClassVar[float] = 0.0
     cost_cpu_s_per_s: ClassVar[float] = 0.0
+    cost_cpu_s_per_process: ClassVar[float] = 0.0   # each process of the job beyond the target
     cost_rss_mb: ClassVar[float] = 0.0
     # Probes whose cost follows a setting (a sampling rate, a poll interval) say so: the session gives
     # them what is left of the budget, in this order, through `fit_budget`.
@@ -349,8 +351,10 @@ class Probe:
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""
-        return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s, self.cost_rss_mb,
-                         "fixed model")
+        extra = max(0, len(job.processes) - 1)
+        return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s
+                         + self.cost_cpu_s_per_process * extra, self.cost_rss_mb,
+                         f"measured model, {extra + 1} process(es)")
 
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
         """Adjustable probes: choose settings (in spec.options) that cost at most `cpu_s` and return
