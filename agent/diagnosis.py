@@ -4,6 +4,7 @@ Used by the `diagnose` and `demo` commands and by tests; rendering is the caller
 """
 from __future__ import annotations
 
+import math
 import platform
 import socket
 from dataclasses import dataclass
@@ -50,9 +51,57 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
     return rep, ev
 
 
-def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tuple[str, ...] = (),
+def run_overhead(result: SessionResult, plan: Any) -> dict[str, Any]:
+    from agent.session import measured_overhead
+    return measured_overhead(result.recorders, result.thread_cpu, plan, result.tree_rss_peak_mb)
+
+
+def sampling_section(captures: list[Capture], plan: Any, observed_s: float, job: Any) -> dict[str, Any]:
+    """What was sampled, at what rate, and what that means for the precision of a share.
+
+    A share p estimated from n samples has a 95% half-width of at most 1/sqrt(n) (p = 0.5, binomial);
+    samples taken at a fixed rate are correlated, so this is the best case, not a bound."""
+    out: dict[str, Any] = {"budget": plan.to_dict() if plan is not None else None}
+    spy = next((c for c in captures if c.probe == "pyspy" and c.status == "ok"), None)
+    if spy is not None:
+        sm = dict(spy.meta.get("sampling") or {})
+        rate = float(sm.get("main_rate_hz") or spy.meta.get("rate_hz") or 0)
+        n_main = int(rate * (sm.get("window_s") or observed_s))
+        out["training_process"] = {"pid": spy.meta.get("pid"), "rate_hz": rate, "samples": n_main,
+                                   "share_half_width_95": round(1 / math.sqrt(n_main), 3) if n_main else None}
+        workers = [p for p in job.processes[1:]]
+        sampled = sm.get("workers_sampled") or {}
+        if sm.get("mode") == "per_pid":
+            wr = float(sm.get("worker_rate_hz") or 0)
+            n_w = int(sum(wr * s for s in sampled.values()))
+            out["workers"] = {
+                "known": len(sm.get("workers_known") or []), "sampled": len(sampled), "rate_hz": wr,
+                "seconds_each": round(sum(sampled.values()) / len(sampled), 2) if sampled else 0.0,
+                "samples": n_w, "share_half_width_95": round(1 / math.sqrt(n_w), 3) if n_w else None,
+                "rotation": "a few workers at a time, each for one slot of the window",
+                "aggregate": "every worker's CPU time and state from /proc every 0.5 s (process probe)"}
+        elif workers:
+            out["workers"] = {"known": len(workers), "sampled": len(workers), "rate_hz": rate,
+                              "samples": n_main * len(workers), "rotation": "all, under one sampler",
+                              "share_half_width_95": round(1 / math.sqrt(n_main * len(workers)), 3) if n_main else None,
+                              "aggregate": "every worker's CPU time and state from /proc every 0.5 s (process probe)"}
+    gpu = next((c for c in captures if c.probe == "gpu"), None)
+    if gpu is not None and gpu.meta.get("overhead"):
+        out["gpu"] = gpu.meta["overhead"]
+    return out
+
+
+def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, only: tuple[str, ...] = (),
         skip: tuple[str, ...] = (), native: bool = False, root: str = "/", deep: bool = False,
-        progress: Progress = stderr_progress, options: dict[str, Any] | None = None) -> Diagnosis:
+        progress: Progress = stderr_progress, options: dict[str, Any] | None = None,
+        budget: bool | None = None) -> Diagnosis:
+    """`rate_hz` None: py-spy's rate is planned within the agent's CPU budget (agent/cost.py), up to
+    DEFAULT_RATE_HZ. An explicit rate, or `budget=False`, keeps the settings as given (one sampler
+    over the whole tree at that rate) and the plan only states their expected cost."""
+    from agent import cost as cost_mod
+    from probes.pyspy import DEFAULT_RATE_HZ
+    enforce = (rate_hz is None) if budget is None else budget
+    rate_hz = rate_hz or DEFAULT_RATE_HZ
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
     requested = info.pid
@@ -66,7 +115,10 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tupl
     spec = WatchSpec(pid=info.pid, window_s=duration_s, rate_hz=rate_hz, child_pids=tuple(info.children),
                      native=native, root=root, options=dict(options or {}))
     probes = select_probes(only, skip, deep)
-    result: SessionResult = run_session(spec, probes, progress, target_alive=lambda: is_alive(info.pid, root))
+    job = cost_mod.job_shape(info.pid, root)
+    result: SessionResult = run_session(spec, probes, progress, target_alive=lambda: is_alive(info.pid, root),
+                                        planner=lambda ok: cost_mod.plan(spec, ok, job, enforce=enforce))
+    plan = result.plan
     host = host_context(root)
     context = {
         "host": host,
@@ -83,16 +135,25 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int = 25, only: tupl
     if result.interrupted:
         notes.append(f"interrupted after {result.observed_s:.1f} of {duration_s:g} s")
     overhead = dict(result.overhead)
-    cpus = float(host["cpus"] or 1)
-    overhead["target_slowdown_estimate"] = round(
-        overhead["agent_cpu_seconds"] / max(result.observed_s * cpus, 1e-6), 4)
-    overhead["estimate_basis"] = "agent CPU-seconds over the window's CPU capacity (an upper bound when the job saturates its CPUs)"
     # Probes that measure their own cost (e.g. tracepoint tax) put it in Capture.meta["overhead"].
     per_probe = {c.probe: c.meta["overhead"] for c in result.captures if c.meta.get("overhead")}
     if per_probe:
         overhead["probes"] = per_probe
     context["session_notes"] = list(notes)      # what the session saw; rules add their own notes again
     rep, ev = report_from(result.captures, context, overhead, notes)
+    # The overhead is taken again now, so it covers the evidence and the rules too; only rendering
+    # and exit come after it.
+    final = run_overhead(result, plan)
+    for name, secs in ev.parse_cpu_s.items():
+        final["by_probe"].setdefault(name, {})["parse_cpu_seconds"] = secs
+    final.update({k: v for k, v in overhead.items() if k == "probes"})
+    final["target_slowdown_estimate"] = round(
+        final["agent_cpu_seconds"] / max(result.observed_s * job.cpu_capacity, 1e-6), 4)
+    final["estimate_basis"] = ("agent tree CPU-seconds over the job's CPU capacity in the window "
+                               "(an upper bound when the job saturates its CPUs)")
+    overhead.clear()
+    overhead.update(final)
+    rep["sampling"] = sampling_section(result.captures, plan, result.observed_s, job)
     exit_code = EXIT_OK
     if gone and result.observed_s < max(MIN_EVIDENCE_S, 0.5 * duration_s):
         exit_code = EXIT_TARGET_GONE

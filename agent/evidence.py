@@ -5,6 +5,7 @@ probe's pure parser; a parser that fails is recorded like a probe that failed.
 """
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ class Evidence:
     records: dict[str, ProbeRecord] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)   # target pid, window, host facts
     notes: list[str] = field(default_factory=list)          # observations of rules that are not findings
+    parse_cpu_s: dict[str, float] = field(default_factory=dict)   # each parser's CPU (the agent's own cost)
 
     def note(self, text: str) -> None:
         """An informational line for the report's notes (a rule may add one whether or not it fires)."""
@@ -59,6 +61,7 @@ def build(captures: list[Capture], context: dict[str, Any] | None = None) -> Evi
             if cls is None:
                 rec.status, rec.reason = "failed", f"no parser for probe {cap.probe!r}"
             else:
+                c0 = time.thread_time()
                 try:
                     ev.parsed[cap.probe] = cls.parse(cap)
                 except Exception as exc:  # noqa: BLE001 - one broken parser never sinks the report
@@ -66,5 +69,6 @@ def build(captures: list[Capture], context: dict[str, Any] | None = None) -> Evi
                     last = traceback.extract_tb(exc.__traceback__)[-1]
                     rec.reason = f"could not parse its output: {type(exc).__name__}: {exc} " \
                                  f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
+                ev.parse_cpu_s[cap.probe] = round(time.thread_time() - c0, 4)
         ev.records[cap.probe] = rec
     return ev

@@ -7,7 +7,6 @@ every probe (py-spy gets SIGINT so it writes what it has), and returns what was 
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import threading
 import time
@@ -34,13 +33,44 @@ class SessionResult:
     observed_s: float
     interrupted: bool
     overhead: dict[str, Any] = field(default_factory=dict)
+    recorders: dict[str, Recorder] = field(default_factory=dict)
+    thread_cpu: dict[str, float] = field(default_factory=dict)
+    plan: Any = None
+    tree_rss_peak_mb: float = 0.0
 
 
-def _usage() -> tuple[float, float]:
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-    rss_mb = max(s.ru_maxrss, c.ru_maxrss) / 1024.0
-    return cpu, rss_mb
+def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, float],
+                      plan: Any = None, tree_rss_peak_mb: float = 0.0) -> dict[str, Any]:
+    """What the agent tree cost so far: this process since it started, and every child each probe
+    started (its rusage when reaped, its own children included), per probe."""
+    from agent.cost import process_start_cpu_note, tree_usage
+    u = tree_usage()
+    by_probe: dict[str, Any] = {}
+    tracked_cpu = 0.0
+    children_rss = 0.0
+    for name, rec in recorders.items():
+        kids = rec.children_cost()
+        tracked_cpu += kids["children_cpu_seconds"]
+        children_rss += kids["children_max_rss_mb"]
+        by_probe[name] = {"thread_cpu_seconds": round(thread_cpu.get(name, 0.0), 4), **kids}
+    total = u["self_cpu_seconds"] + u["children_cpu_seconds"]
+    out: dict[str, Any] = {
+        "agent_cpu_seconds": round(total, 3),
+        # The tree's peak sampled during the window, or the agent's own peak if higher (start-up, rules).
+        "agent_max_rss_mb": round(max(tree_rss_peak_mb, u["self_max_rss_mb"]), 1),
+        "agent_process_cpu_seconds": round(u["self_cpu_seconds"], 3),
+        "children_cpu_seconds": round(u["children_cpu_seconds"], 3),
+        # Reaped children no probe accounted for (started outside a Recorder): should stay near 0.
+        "untracked_children_cpu_seconds": round(max(0.0, u["children_cpu_seconds"] - tracked_cpu), 3),
+        "agent_process_max_rss_mb": round(u["self_max_rss_mb"], 1),
+        "children_max_rss_mb_by_rusage": round(children_rss, 1),
+        "basis": process_start_cpu_note() + "; RSS: the tree's resident memory sampled from /proc during the window "
+                 "(this process and every live child), or the agent's own peak if higher",
+        "by_probe": by_probe,
+    }
+    if plan is not None:
+        out["plan"] = plan.to_dict()
+    return out
 
 
 def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: bool = False) -> list[Probe]:
@@ -56,30 +86,41 @@ def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: 
 
 
 def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stderr_progress,
-                target_alive: Callable[[], bool] | None = None) -> SessionResult:
+                target_alive: Callable[[], bool] | None = None,
+                planner: Callable[[list[Probe]], Any] | None = None) -> SessionResult:
+    """Run `probes` over one window. With a `planner` (agent/cost.py), the probes that can run here
+    are planned within the agent's budget before the window; those it could not fit are recorded as
+    skipped with the reason, and the overhead carries the plan."""
     stop = threading.Event()
     captures: dict[str, Capture] = {}
     threads: dict[str, threading.Thread] = {}
     recorders: dict[str, Recorder] = {}
-    cpu0, _ = _usage()
+    thread_cpu: dict[str, float] = {}
     started = time.time()
     t0 = time.monotonic()
     deadline = t0 + spec.window_s
 
+    checks: dict[str, Availability] = {}
+    for probe in probes:
+        try:
+            checks[probe.name] = probe.check(spec)
+        except Exception as exc:  # noqa: BLE001 - a broken check is a skipped probe, not a crash
+            checks[probe.name] = Availability.no(f"availability check failed: {exc}")
+    plan = planner([p for p in probes if checks[p.name].ok]) if planner is not None else None
     for probe in probes:
         cap = Capture(probe.name, started_unix=started)
         captures[probe.name] = cap
-        try:
-            av = probe.check(spec)
-        except Exception as exc:  # noqa: BLE001 - a broken check is a skipped probe, not a crash
-            av = Availability.no(f"availability check failed: {exc}")
+        av = checks[probe.name]
+        if av.ok and plan is not None and probe.name in plan.skipped:
+            av = Availability.no(plan.skipped[probe.name])
         if not av.ok:
             cap.status, cap.reason = "skipped", av.reason
             progress(f"{probe.name}: skipped ({av.reason})")
             continue
         rec = Recorder(cap, stop)
         recorders[probe.name] = rec
-        th = threading.Thread(target=_run_probe, args=(probe, spec, rec, deadline), name=f"probe-{probe.name}",
+        th = threading.Thread(target=_run_probe, args=(probe, spec, rec, deadline, thread_cpu),
+                              name=f"probe-{probe.name}",
                               daemon=True)
         threads[probe.name] = th
     progress(f"watching PID {spec.pid} for {spec.window_s:g} s with "
@@ -89,9 +130,11 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
 
     interrupted = False
     watch_end = deadline
+    rss = _TreeRss(recorders)
     try:
         while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            rss.sample()
             if target_alive is not None and not target_alive():
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
                 stop.set()
@@ -120,22 +163,52 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
             cap.reason = cap.reason or f"did not finish within {spec.window_s:g} s + its {probes_by(name, probes).timeout_s:g} s timeout"
             progress(f"{name}: timed out")
         cap.seconds = round(cap.seconds or (time.monotonic() - t0), 3)
-    cpu1, rss = _usage()
-    agent_cpu = cpu1 - cpu0
     return SessionResult(
         captures=[captures[p.name] for p in probes], started_unix=started, window_s=spec.window_s,
         observed_s=observed, interrupted=interrupted,
-        overhead={"agent_cpu_seconds": round(agent_cpu, 3), "agent_max_rss_mb": round(rss, 1)},
+        overhead=measured_overhead(recorders, thread_cpu, plan, rss.peak_mb), recorders=recorders,
+        thread_cpu=thread_cpu, plan=plan, tree_rss_peak_mb=rss.peak_mb,
     )
+
+
+class _TreeRss:
+    """The agent tree's resident memory (this process plus every live child of every probe), read
+    from /proc every 0.6 s of the window: rusage cannot give it (a child's ru_maxrss includes the
+    agent's own memory, copied at fork, so peaks do not add up)."""
+
+    def __init__(self, recorders: dict[str, Recorder]):
+        self.recorders = recorders
+        self.peak_mb = 0.0
+        self._next = 0.0
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + 0.6
+        pids = [os.getpid()] + [p for r in list(self.recorders.values()) for p in r.live_children()]
+        total = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/statm") as fh:
+                    total += int(fh.read().split()[1]) * _PAGE_MB
+            except (OSError, ValueError, IndexError):
+                pass
+        self.peak_mb = max(self.peak_mb, total)
+
+
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
 
 
 def probes_by(name: str, probes: list[Probe]) -> Probe:
     return next(p for p in probes if p.name == name)
 
 
-def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float) -> None:
+def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float,
+               thread_cpu: dict[str, float] | None = None) -> None:
     cap = rec.capture
     m0 = time.monotonic()
+    c0 = time.thread_time()
     try:
         probe.capture(spec, rec, deadline)
         if cap.status == "ok" and rec.stop.is_set() and not cap.artifacts:
@@ -149,3 +222,5 @@ def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float) ->
         cap.reason = f"internal error: {type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})"
     finally:
         cap.seconds = round(time.monotonic() - m0, 3)
+        if thread_cpu is not None:
+            thread_cpu[probe.name] = time.thread_time() - c0

@@ -49,6 +49,30 @@ class WatchSpec:
 
 
 @dataclass
+class JobShape:
+    """What the planner knows of the job before the window: its size and the CPUs it may use."""
+
+    pid: int
+    processes: tuple[int, ...] = ()        # the target and its descendants (DataLoader workers, ranks)
+    children: dict[int, int] = field(default_factory=dict)   # descendant pid -> parent pid
+    threads: int = 1                       # threads of the target process
+    cpu_capacity: float = 1.0              # CPUs the job may use: affinity, capped by its cgroup quota
+    cpu_capacity_basis: str = ""
+
+
+@dataclass
+class ProbeCost:
+    """A probe's expected cost over one window: the whole of it, its children included."""
+
+    cpu_s: float
+    rss_mb: float
+    basis: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpu_seconds": round(self.cpu_s, 4), "rss_mb": round(self.rss_mb, 1), "basis": self.basis}
+
+
+@dataclass
 class Capture:
     """Raw output of one probe over one window, with where every byte came from."""
 
@@ -91,6 +115,41 @@ def _set_parent_death_signal(sig: int) -> Callable[[], None]:
     return preexec
 
 
+class TrackedPopen(subprocess.Popen):
+    """A Popen that keeps the child's rusage (wait4) when it is reaped, whichever call reaps it.
+
+    The agent's overhead counts every process it started: this is where a child's CPU time and
+    peak RSS (its own and its waited-for descendants') are taken, at the moment it is reaped.
+    """
+
+    rusage: Any = None
+
+    def _wait4(self, pid: int, flags: int) -> tuple[int, int]:
+        rpid, sts, ru = os.wait4(pid, flags)
+        if rpid == self.pid:
+            self.rusage = ru
+        return rpid, sts
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:   # used by wait()
+        try:
+            return self._wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+
+    def poll(self) -> int | None:
+        return self._internal_poll(_waitpid=self._wait4)
+
+
+@dataclass
+class ChildCost:
+    """What one child process of a probe cost, taken from its rusage when it was reaped."""
+
+    argv0: str
+    cpu_s: float
+    max_rss_mb: float
+    long_running: bool
+
+
 @dataclass
 class CommandResult:
     argv: list[str]
@@ -113,6 +172,39 @@ class Recorder:
         self.stop = stop
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
+        self.children: list[ChildCost] = []
+        self._untracked_procs: list[TrackedPopen] = []
+
+    # -- cost -------------------------------------------------------------------------------
+    def _account(self, proc: subprocess.Popen, long_running: bool) -> None:
+        ru = getattr(proc, "rusage", None)
+        if ru is None:
+            return
+        argv = proc.args if isinstance(proc.args, (list, tuple)) else [str(proc.args)]
+        cost = ChildCost(os.path.basename(str(argv[0])), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0,
+                         long_running)
+        with self._lock:
+            if proc in self._untracked_procs:
+                self._untracked_procs.remove(proc)
+            self.children.append(cost)
+            proc.rusage = None          # counted once
+
+    def children_cost(self) -> dict[str, Any]:
+        """CPU and an upper bound of the peak RSS of every child reaped so far.
+
+        Long-running children (spawn) may overlap: their peaks add up. Short commands (run) are
+        sequential within a probe: the largest of them counts once.
+        """
+        for p in list(self._untracked_procs):
+            if p.poll() is not None:
+                self._account(p, True)
+        with self._lock:
+            kids = list(self.children)
+        spawned = sum(c.max_rss_mb for c in kids if c.long_running)
+        short = max((c.max_rss_mb for c in kids if not c.long_running), default=0.0)
+        return {"children": len(kids), "children_cpu_seconds": round(sum(c.cpu_s for c in kids), 4),
+                "children_max_rss_mb": round(spawned + short, 1),
+                "by_command": _by_command(kids)}
 
     # -- provenance -------------------------------------------------------------------------
     def note(self, kind: str, what: str, rc: int | None, started: float, seconds: float) -> None:
@@ -146,7 +238,7 @@ class Recorder:
         """Run a command to completion with a timeout; never raises on a non-zero exit."""
         t0, m0 = time.time(), time.monotonic()
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            proc = TrackedPopen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     errors="replace", env=env,
                                     preexec_fn=_set_parent_death_signal(signal.SIGKILL))
         except OSError as exc:
@@ -166,19 +258,21 @@ class Recorder:
                 if proc in self._procs:
                     self._procs.remove(proc)
         secs = time.monotonic() - m0
+        self._account(proc, long_running=False)
         self.note("command", " ".join(argv), proc.returncode, t0, secs)
         return CommandResult(argv, proc.returncode, out or "", err or "", secs, timed_out)
 
     def spawn(self, argv: list[str], stop_signal: int = signal.SIGINT, **kw: Any) -> subprocess.Popen:
         """Start a long-running command (py-spy record, perf stat) that the session can stop."""
         try:
-            proc = subprocess.Popen(argv, preexec_fn=_set_parent_death_signal(stop_signal), **kw)
+            proc = TrackedPopen(argv, preexec_fn=_set_parent_death_signal(stop_signal), **kw)
         except OSError as exc:
             raise translate_oserror(exc, argv[0]) from None
         proc.trainprobe_stop_signal = stop_signal  # type: ignore[attr-defined]
         proc.trainprobe_started = (time.time(), time.monotonic())  # type: ignore[attr-defined]
         with self._lock:
             self._procs.append(proc)
+            self._untracked_procs.append(proc)
         return proc
 
     def finish(self, proc: subprocess.Popen, grace_s: float) -> int | None:
@@ -195,6 +289,7 @@ class Recorder:
         t0, m0 = getattr(proc, "trainprobe_started", (time.time(), time.monotonic()))
         argv = proc.args if isinstance(proc.args, list) else [str(proc.args)]
         self.note("command", " ".join(map(str, argv)), proc.returncode, t0, time.monotonic() - m0)
+        self._account(proc, long_running=True)
         with self._lock:
             if proc in self._procs:
                 self._procs.remove(proc)
@@ -224,6 +319,8 @@ class Recorder:
                     p.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
                     pass
+            if p.returncode is not None:
+                self._account(p, long_running=True)
 
     def live_children(self) -> list[int]:
         with self._lock:
@@ -243,6 +340,29 @@ class Probe:
     cost: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 10.0     # allowed beyond the window before the probe is abandoned
     default_enabled: ClassVar[bool] = True
+    # The measured cost model (docs/cost.md), capture and parse: CPU-s = fixed + per_s * window +
+    # per_process * (processes - 1); RSS of its children.
+    cost_cpu_s_fixed: ClassVar[float] = 0.0
+    cost_cpu_s_per_s: ClassVar[float] = 0.0
+    cost_cpu_s_per_process: ClassVar[float] = 0.0   # each process of the job beyond the target
+    cost_rss_mb: ClassVar[float] = 0.0
+    # Probes whose cost follows a setting (a sampling rate, a poll interval) say so: the session gives
+    # them what is left of the budget, in this order, through `fit_budget`.
+    adjustable: ClassVar[bool] = False
+    budget_priority: ClassVar[int] = 100
+
+    def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
+        """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""
+        extra = max(0, len(job.processes) - 1)
+        return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s
+                         + self.cost_cpu_s_per_process * extra, self.cost_rss_mb,
+                         f"measured model, {extra + 1} process(es)")
+
+    def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
+        """Adjustable probes: choose settings (in spec.options) that cost at most `cpu_s` and return
+        the cost; None when no useful setting fits (the session then skips the probe, with the reason)."""
+        cost = self.estimate_cost(spec, job)
+        return cost if cost.cpu_s <= cpu_s else None
 
     def check(self, spec: WatchSpec) -> Availability:
         """Can this probe run here, now, against this target? If not, one actionable line."""
@@ -254,6 +374,16 @@ class Probe:
     @staticmethod
     def parse(capture: Capture) -> dict[str, Any]:
         raise NotImplementedError
+
+
+def _by_command(kids: list[ChildCost]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for c in kids:
+        d = out.setdefault(c.argv0, {"runs": 0, "cpu_seconds": 0.0, "max_rss_mb": 0.0})
+        d["runs"] += 1
+        d["cpu_seconds"] = round(d["cpu_seconds"] + c.cpu_s, 4)
+        d["max_rss_mb"] = round(max(d["max_rss_mb"], c.max_rss_mb), 1)
+    return out
 
 
 def describe(probe: Probe) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from probes.errors import PermissionDenied, TargetGone, Unavailable
 from probes.pyspy import pyspy_availability, pyspy_binary
 from probes.syscalls import SYSCALLS
@@ -44,6 +44,24 @@ class GilProbe(Probe):
     cost = "about 10-20 ms of py-spy CPU per sample (10 Hz default); the target is never stopped"
     timeout_s = 15.0
     default_enabled = False      # 10-20% of one core while it samples: opt in with --deep
+    # Its cost follows its rate: the session gives it what py-spy left of the budget (docs/cost.md).
+    adjustable = True
+    budget_priority = 20
+    dump_cpu_s = 0.015           # one `py-spy dump` (start, attach, read every thread) and its parse
+    min_rate_hz = 1.0            # 10 dumps per 10 s: fewer cannot tell a GIL holder from chance
+    min_cost_cpu_s = 0.15        # min_rate_hz over a 10 s window: kept aside when py-spy is planned
+
+    def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
+        rate = float(spec.options.get("gil_rate_hz", DEFAULT_RATE_HZ))
+        return ProbeCost(rate * spec.window_s * self.dump_cpu_s, 14.0, f"{rate:g} dumps/s")
+
+    def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
+        rate = min(float(spec.options.get("gil_rate_hz", DEFAULT_RATE_HZ)),
+                   cpu_s / (max(spec.window_s, 0.5) * self.dump_cpu_s))
+        if rate < self.min_rate_hz:
+            return None
+        spec.options["gil_rate_hz"] = round(rate, 2)
+        return self.estimate_cost(spec, job)
 
     def check(self, spec: WatchSpec) -> Availability:
         return pyspy_availability(spec)

@@ -3,14 +3,17 @@
 Every NVML call goes through probes/nvml.py (`Nvml.call`), so a metric a GPU or driver lacks is an
 NA with its reason, never an exception. At the start it reads each GPU's identity (name, UUID, PCI
 bus id, PCIe generation and width, CPU affinity, NUMA node) and the driver version. Then it polls
-every 0.5 s:
+within a call budget (docs/cost.md):
 
-- `nvmlDeviceGetSamples` for GPU and memory utilization, read incrementally: each read asks only
-  for the samples newer than the last timestamp seen. NVML fills its own buffer once per sample
-  period (200 ms on an H200) and keeps ~20 s of it, so 0.5 s polls lose nothing;
-- `nvmlDeviceGetProcessUtilization` (per-process SM and memory utilization, also incremental);
-- PCIe TX/RX throughput, memory used, power, temperature, clock-event (throttle) reasons;
-- every 2 s, the compute and graphics process lists (which PIDs hold a context on which GPU).
+- every 5 s and once after the window, `nvmlDeviceGetSamples` for GPU and memory utilization, read
+  incrementally: each read asks only for the samples newer than the last timestamp seen. NVML fills
+  its own buffer once per sample period (200 ms on an H200) and keeps ~20 s of it, so 5 s reads lose
+  nothing;
+- with the same reads, `nvmlDeviceGetProcessUtilization` (per-process SM and memory utilization,
+  also incremental), only when another process than the job holds a context on the GPU: otherwise
+  the GPU's utilization is the job's;
+- every 1 s, PCIe TX/RX throughput, memory used, power, temperature, clock-event (throttle) reasons;
+- every 5 s, the compute and graphics process lists (which PIDs hold a context on which GPU).
 
 The raw artifact `nvml.json` keeps NVML's own timestamps (µs since the epoch), so GPU samples and
 host evidence (py-spy's wall-clock timeline) sit on one clock. A single-GPU capture in the older
@@ -27,13 +30,16 @@ import time
 from typing import Any
 
 from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from probes.errors import Unavailable
 from probes.nvml import NA, Nvml, is_na
 
 FORMAT = "trainprobe.nvml/1"
-POLL_S = 0.5
-PROCESS_LIST_EVERY_S = 2.0
+POLL_S = 1.0                   # power, temperature, PCIe throughput, memory used, clock reasons
+# NVML keeps about 20 s of utilization samples (one per 200 ms on an H200: a 100-entry buffer), so
+# reading them every 5 s loses nothing and costs a fifth of reading them every second.
+SAMPLES_EVERY_S = 5.0
+PROCESS_LIST_EVERY_S = 5.0
 # Nvml's reasons that mean "no sample newer than asked" (NVML_ERROR_NOT_FOUND), or an empty list
 # that pynvml reports as an error with NVML's success code.
 NO_NEW_SAMPLES = ("not found", "Success")
@@ -85,9 +91,17 @@ class GpuProbe(Probe):
             return Availability.no("NVML sees no NVIDIA GPU on this host")
         return Availability.yes()
 
+    cost_cpu_s_fixed = 0.05        # nvmlInit and the device facts
+    cost_cpu_s_per_s = 0.01        # per GPU: ~10 calls a second at well under 1 ms of CPU each
+
+    def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
+        poll_s = float(spec.options.get("gpu_poll_s", POLL_S))
+        return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s * POLL_S / poll_s, 0.0,
+                         f"per GPU: 8 calls per {poll_s:g} s poll, samples every {SAMPLES_EVERY_S:g} s")
+
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         poll_s = float(spec.options.get("gpu_poll_s", POLL_S))
-        nv = _CountingNvml(timeout_s=5.0)
+        nv = Nvml(timeout_s=5.0)
         t0 = time.time()
         nv.open()                                       # Unavailable: the session records the reason
         rec.note("nvml", "nvmlInit", 0, t0, time.time() - t0)
@@ -96,30 +110,14 @@ class GpuProbe(Probe):
         finally:
             nv.close()
         rec.add("nvml.json", json.dumps(raw, separators=(",", ":")))
-        rec.note("nvml", f"{nv.calls} NVML calls over {len(raw['gpus'])} GPU(s)", 0, t0, time.time() - t0)
-        rec.capture.meta["overhead"] = {"nvml_calls": nv.calls, "nvml_call_seconds": round(nv.seconds, 4),
-                                        "poll_interval_s": poll_s}
+        acct = nv.accounting()
+        rec.note("nvml", f"{acct['nvml_calls']} NVML calls over {len(raw['gpus'])} GPU(s)", 0, t0, time.time() - t0)
+        rec.capture.meta["overhead"] = {**acct, "poll_interval_s": poll_s, "samples_every_s": SAMPLES_EVERY_S,
+                                        "process_lists_every_s": PROCESS_LIST_EVERY_S}
 
     @staticmethod
     def parse(capture: Capture) -> dict[str, Any]:
         return analyse(json.loads(capture.artifacts["nvml.json"]))
-
-
-class _CountingNvml(Nvml):
-    """Nvml that also counts its calls and the wall time spent in them (the probe's own cost)."""
-
-    def __init__(self, timeout_s: float = 5.0):
-        super().__init__(timeout_s)
-        self.calls = 0
-        self.seconds = 0.0
-
-    def call(self, name: str, *args: Any) -> Any:
-        m0 = time.monotonic()
-        try:
-            return super().call(name, *args)
-        finally:
-            self.calls += 1
-            self.seconds += time.monotonic() - m0
 
 
 def _us() -> int:
@@ -173,7 +171,7 @@ class _Capturer:
             self.gpus.append(g)
         maps_cuda = self._target_maps_cuda()
         started = _us()
-        last_lists = 0.0
+        last_lists = last_samples = 0.0
         polls = 0
         while True:
             now_m = time.monotonic()
@@ -183,9 +181,14 @@ class _Capturer:
                     if h is not None:
                         self._process_lists(g, h)
                 last_lists = now_m
+            read_samples = polls == 0 or now_m - last_samples >= SAMPLES_EVERY_S
             for g, h in zip(self.gpus, self.handles):
                 if h is not None:
+                    if read_samples:
+                        self._samples(g, h)
                     self._poll(g, h)
+            if read_samples:
+                last_samples = now_m
             polls += 1
             if self.rec.stop.is_set() or time.monotonic() >= deadline_monotonic:
                 break
@@ -272,6 +275,8 @@ class _Capturer:
                 if ts > last:
                     g[key].append([ts, _sample_value(s.sampleValue, vtype)])
                     self.last_seen[(g["index"], key)] = max(self.last_seen.get((g["index"], key), 0), ts)
+        if not self._shared(g):
+            return
         last = self.last_seen.get((g["index"], "proc_util"), 0)
         got = self.nv.call("nvmlDeviceGetProcessUtilization", h, last)
         if is_na(got):
@@ -284,8 +289,14 @@ class _Capturer:
                 g["proc_util"].append([ts, int(s.pid), int(s.smUtil), int(s.memUtil)])
                 self.last_seen[(g["index"], "proc_util")] = max(self.last_seen.get((g["index"], "proc_util"), 0), ts)
 
+    def _shared(self, g: dict[str, Any]) -> bool:
+        """Whether a process outside the job holds a context on this GPU (then per-process
+        utilization is needed to tell the job's share); unknown lists count as shared."""
+        if not g["processes"]:
+            return "compute_processes" in g["errors"]
+        return any(pid not in self.watched for _ts, pid, _k, _m in g["processes"])
+
     def _poll(self, g: dict[str, Any], h: Any) -> None:
-        self._samples(g, h)
         ts = _us()
         rates = self._val(g, "utilization_rates", "nvmlDeviceGetUtilizationRates", h)
         g["polls"].append([ts, getattr(rates, "gpu", None), getattr(rates, "memory", None)])

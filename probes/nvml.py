@@ -7,7 +7,9 @@ session opens.
 """
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,21 @@ class NA:
 
 def is_na(v: Any) -> bool:
     return isinstance(v, NA)
+
+
+def _nvml_thread(jobs: "queue.Queue[Any]") -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, args, box, done = job
+        c0 = time.thread_time()
+        try:
+            box["v"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["e"] = exc
+        box["cpu"] = time.thread_time() - c0
+        done.set()
 
 
 def _reason(exc: BaseException, pynvml: Any) -> str:
@@ -63,6 +80,10 @@ class Nvml:
     def __init__(self, timeout_s: float = 5.0):
         self.timeout_s = timeout_s
         self.pynvml: Any = None
+        self._jobs: "queue.Queue[Any] | None" = None
+        self._last_cpu_s = 0.0
+        # Every call, by NVML function: count, wall seconds, CPU seconds of the calling thread.
+        self.calls_by_name: dict[str, list[float]] = {}
 
     def __enter__(self) -> "Nvml":
         self.open()
@@ -90,6 +111,9 @@ class Nvml:
             raise Unavailable(f"NVML initialisation failed: {reason}") from None
 
     def close(self) -> None:
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
         if self.pynvml is not None:
             try:
                 self.pynvml.nvmlShutdown()
@@ -98,22 +122,37 @@ class Nvml:
             self.pynvml = None
 
     def _bounded(self, fn: Any, *args: Any) -> Any:
+        """Run fn on the session's one NVML thread, waiting at most timeout_s. A thread per call
+        cost more CPU than most calls; a hung call leaves its thread behind and the next call
+        starts a fresh one."""
+        if self._jobs is None:
+            self._jobs = queue.Queue()
+            threading.Thread(target=_nvml_thread, args=(self._jobs,), daemon=True, name="nvml-calls").start()
         box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["v"] = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["e"] = exc
-
-        th = threading.Thread(target=target, daemon=True, name="nvml-call")
-        th.start()
-        th.join(self.timeout_s)
-        if th.is_alive():
+        done = threading.Event()
+        self._jobs.put((fn, args, box, done))
+        if not done.wait(self.timeout_s):
+            self._jobs = None           # abandon the hung thread (it exits if the call ever returns)
             raise Unavailable(f"NVML call {getattr(fn, '__name__', fn)} did not return within {self.timeout_s:g} s")
+        self._last_cpu_s = box.get("cpu", 0.0)
         if "e" in box:
             raise box["e"]
         return box.get("v")
+
+    def _count(self, name: str, wall_s: float, cpu_s: float) -> None:
+        c = self.calls_by_name.setdefault(name, [0, 0.0, 0.0])
+        c[0] += 1
+        c[1] += wall_s
+        c[2] += cpu_s
+
+    def accounting(self) -> dict[str, Any]:
+        """Every NVML call this session made: how many, their wall time and the CPU they used."""
+        by = {k: {"calls": int(v[0]), "seconds": round(v[1], 4), "cpu_seconds": round(v[2], 4)}
+              for k, v in sorted(self.calls_by_name.items())}
+        return {"nvml_calls": sum(d["calls"] for d in by.values()),
+                "nvml_call_seconds": round(sum(d["seconds"] for d in by.values()), 4),
+                "nvml_call_cpu_seconds": round(sum(d["cpu_seconds"] for d in by.values()), 4),
+                "nvml_calls_by_name": by}
 
     def call(self, name: str, *args: Any) -> Any:
         """Call pynvml.<name>(*args); return its value, or NA(reason) on any NVML error."""
@@ -122,12 +161,16 @@ class Nvml:
         fn = getattr(self.pynvml, name, None)
         if fn is None:
             return NA(f"{name} not in this pynvml")
+        m0 = time.monotonic()
+        self._last_cpu_s = 0.0
         try:
             return self._bounded(fn, *args)
         except Unavailable as exc:
             return NA(str(exc))
         except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, ctypes errors
             return NA(_reason(exc, self.pynvml))
+        finally:
+            self._count(name, time.monotonic() - m0, self._last_cpu_s)
 
     def const(self, name: str, default: Any = None) -> Any:
         return getattr(self.pynvml, name, default) if self.pynvml is not None else default

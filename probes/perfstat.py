@@ -180,6 +180,8 @@ class PerfStatProbe(Probe):
     cost = ("counting only: counters saved/restored at each context switch of a watched thread, and perf "
             "reading them once per interval (~10 readings per window)")
     timeout_s = 10.0
+    cost_cpu_s_fixed = 0.05       # measured per 10 s window, capture and parse (docs/cost.md)
+    cost_cpu_s_per_process = 0.02
 
     def check(self, spec: WatchSpec) -> Availability:
         if perf_binary() is None:

@@ -378,6 +378,8 @@ class PlacementProbe(Probe):
     needs = ("/proc readable for the target",)
     cost = "small: thread stat sampled ~8 times, numa_maps read once per process"
     timeout_s = 15.0
+    cost_cpu_s_fixed = 0.03       # measured per 10 s window, capture and parse (docs/cost.md)
+    cost_cpu_s_per_process = 0.01
 
     def check(self, spec: WatchSpec) -> Availability:
         if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):

@@ -67,6 +67,8 @@ class ProcessProbe(Probe):
     needs = ("/proc readable for the target",)
     cost = "negligible: two /proc snapshots and a child listing every 0.5 s"
     timeout_s = 10.0
+    cost_cpu_s_fixed = 0.015       # measured per 10 s window, capture and parse (docs/cost.md)
+    cost_cpu_s_per_process = 0.003
 
     def check(self, spec: WatchSpec) -> Availability:
         if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):

@@ -219,3 +219,16 @@ def numa_node_count(root: str = "/") -> int:
     text = try_read_text(root, "sys/devices/system/node/online")
     nodes = parse_cpulist(text)
     return len(nodes) or 1
+
+
+def cpu_capacity(pid: int, root: str = "/") -> tuple[float, str]:
+    """The CPUs a process may use: its affinity, capped by its cgroup v2 quota, and how that was read."""
+    status = parse_status(try_read_text(root, f"proc/{pid}/status") or "")
+    allowed = parse_cpulist(status.get("Cpus_allowed_list"))
+    cpus = float(len(allowed) or len(cpus_online(root)))
+    basis = f"{len(allowed)} CPUs in its affinity" if allowed else f"{int(cpus)} CPUs online"
+    cgroup = parse_cgroup_v2_path(try_read_text(root, f"proc/{pid}/cgroup"))
+    quota = parse_cpu_max(try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max")) if cgroup else None
+    if quota is not None and quota < cpus:
+        cpus, basis = quota, f"cgroup quota of {quota:g} CPUs ({basis})"
+    return cpus, basis

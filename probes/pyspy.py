@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 from probes import procfs, pystacks, redact, sourcelines
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from probes.errors import PermissionDenied, Unavailable
 from probes.target import can_ptrace, inspect
 
@@ -31,6 +31,61 @@ SUPPORTED_PYTHON = ((2, 3), (3, 14))
 # 25 samples/s: 250 samples of the training thread in a 10 s window (shares to about +-3%), a 40 ms
 # timeline (finer than NVML's 200 ms), and about 0.3 CPU-s of py-spy per window with two processes.
 DEFAULT_RATE_HZ = 25
+
+# The cost model (measured: benchmarks/bench_cost.py, docs/cost.md). One py-spy process per sampled
+# PID: py-spy's start-up (attach, symbols) plus, per sample of one process, py-spy's read of its
+# stacks and the agent's parse of the trace. `--subprocesses` over a forked DataLoader costs far more
+# per sample (forked workers share their parent's thread ids, so every sample re-writes every frame).
+PYSPY_FIXED_CPU_S = 0.02
+PYSPY_RSS_MB = 14.0
+SAMPLE_CPU_S = 0.0004          # per sample of one process, its own sampler
+SAMPLE_CPU_S_SUBPROCESSES = 0.0008   # per sample of each process under one --subprocesses sampler
+MIN_MAIN_RATE_HZ = 10          # 100 samples per 10 s: shares to +-10 points; coarser cannot rank fixes
+MIN_WORKER_RATE_HZ = 2
+MAX_WORKER_SAMPLERS = 2        # concurrent per-worker samplers (RSS: PYSPY_RSS_MB each)
+WORKER_SHARE = 0.4             # of the probe's CPU, for workers, when the job has workers
+
+
+def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[int, int], cpu_s: float,
+                  max_rate_hz: int) -> dict[str, Any] | None:
+    """The cheapest sampling that fits `cpu_s`: the target at up to `max_rate_hz`; its workers at a
+    lower rate, a rotating subset of MAX_WORKER_SAMPLERS at a time; None if not even the target fits.
+
+    A job with grandchildren (a launcher, its ranks, their workers) keeps one `--subprocesses`
+    sampler: it needs the process tree in the trace, at a rate the budget allows."""
+    main = processes[0] if processes else 0
+    workers = [p for p in processes[1:] if children.get(p) == main]
+    per_window = max(window_s, 0.5)
+    if any(children.get(p) not in (None, main) for p in processes[1:]):
+        n = len(processes)
+        rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * n * SAMPLE_CPU_S_SUBPROCESSES)))
+        if rate < MIN_MAIN_RATE_HZ:
+            return None
+        return {"mode": "subprocesses", "main_pid": main, "main_rate_hz": rate, "workers": [],
+                "worker_rate_hz": rate, "worker_slots": [],
+                "cpu_seconds": PYSPY_FIXED_CPU_S + rate * per_window * n * SAMPLE_CPU_S_SUBPROCESSES}
+    main_cpu = cpu_s * (1.0 - WORKER_SHARE) if workers else cpu_s
+    rate = min(max_rate_hz, int((main_cpu - PYSPY_FIXED_CPU_S) / (per_window * SAMPLE_CPU_S)))
+    if rate < MIN_MAIN_RATE_HZ:
+        rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * SAMPLE_CPU_S)))
+        if rate < MIN_MAIN_RATE_HZ:
+            return None
+    cost = PYSPY_FIXED_CPU_S + rate * per_window * SAMPLE_CPU_S
+    left = cpu_s - cost
+    plan: dict[str, Any] = {"mode": "per_pid", "main_pid": main, "main_rate_hz": rate, "workers": workers,
+                            "worker_rate_hz": 0, "worker_slots": []}
+    k = min(MAX_WORKER_SAMPLERS, len(workers))
+    while k > 0:
+        slots = -(-len(workers) // k)                      # ceil: every worker gets one slot
+        w_rate = min(rate, int((left - slots * k * PYSPY_FIXED_CPU_S) / (per_window * k * SAMPLE_CPU_S)))
+        if w_rate >= MIN_WORKER_RATE_HZ:
+            plan["worker_rate_hz"] = w_rate
+            plan["worker_slots"] = [workers[i * k:(i + 1) * k] for i in range(slots)]
+            cost += slots * k * PYSPY_FIXED_CPU_S + w_rate * per_window * k * SAMPLE_CPU_S
+            break
+        k -= 1
+    plan["cpu_seconds"] = cost
+    return plan
 
 
 def pyspy_availability(spec: WatchSpec) -> Availability:
@@ -63,20 +118,52 @@ class PySpyProbe(Probe):
     name = "pyspy"
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
-    cost = "py-spy's own CPU, about 0.3 CPU-s per 10 s window at 25 Hz; the target is never stopped"
+    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.4 ms per sample of one process "
+            "(0.12 CPU-s for the training process at 25 Hz over 10 s); the target is never stopped")
     timeout_s = 15.0
+    adjustable = True
+    budget_priority = 10          # the training thread's stacks come first
+    min_cost_cpu_s = PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * 10 * SAMPLE_CPU_S
 
     def check(self, spec: WatchSpec) -> Availability:
         return pyspy_availability(spec)
+
+    @staticmethod
+    def min_cost(window_s: float) -> float:
+        """The training process alone at MIN_MAIN_RATE_HZ: the least sampling worth a diagnosis."""
+        return PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * max(window_s, 0.5) * SAMPLE_CPU_S + 1e-6
+
+    def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
+        n = max(1, len(job.processes))
+        return ProbeCost(PYSPY_FIXED_CPU_S + spec.rate_hz * spec.window_s * n * SAMPLE_CPU_S_SUBPROCESSES,
+                         PYSPY_RSS_MB * (1 + n / 4), f"{n} process(es) at {spec.rate_hz} Hz under one sampler")
+
+    def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
+        plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz)
+        if plan is None:
+            return None
+        spec.options["pyspy_plan"] = plan
+        k = max((len(s) for s in plan["worker_slots"]), default=0)
+        what = f"target at {plan['main_rate_hz']} Hz"
+        if plan["worker_slots"]:
+            what += (f", {len(plan['workers'])} workers at {plan['worker_rate_hz']} Hz, {k} at a time "
+                     f"in {len(plan['worker_slots'])} slot(s)")
+        elif plan["mode"] == "subprocesses":
+            what = f"{len(job.processes)} processes at {plan['main_rate_hz']} Hz under one sampler"
+        return ProbeCost(plan["cpu_seconds"], PYSPY_RSS_MB * (1 + k), what)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         exe = pyspy_binary()
         if exe is None:
             raise Unavailable("py-spy not found")
+        plan = spec.options.get("pyspy_plan")
+        if plan and plan.get("mode") == "per_pid":
+            return self._capture_per_pid(exe, spec, rec, deadline_monotonic, plan)
+        rate = int(plan["main_rate_hz"]) if plan else spec.rate_hz
         window = max(deadline_monotonic - time.monotonic(), 0.5)
         tmpdir = tempfile.mkdtemp(prefix="trainprobe-pyspy-")
         out = os.path.join(tmpdir, "trace.json")
-        argv = [exe, "record", "--pid", str(spec.pid), "--rate", str(spec.rate_hz),
+        argv = [exe, "record", "--pid", str(spec.pid), "--rate", str(rate),
                 "--duration", str(int(math.ceil(window))), "--format", "chrometrace",
                 "--output", out, "--idle", "--threads", "--subprocesses"]
         if spec.native:
@@ -102,23 +189,130 @@ class PySpyProbe(Probe):
             text = fh.read()
         shutil.rmtree(tmpdir, ignore_errors=True)
         rec.add("chrometrace.json", text)
-        rec.capture.meta.update({"pid": spec.pid, "rate_hz": spec.rate_hz, "launch_unix": launch_unix,
-                                 "nonblocking": not spec.native, "argv": argv})
+        rec.capture.meta.update({"pid": spec.pid, "rate_hz": rate, "launch_unix": launch_unix,
+                                 "nonblocking": not spec.native, "argv": argv,
+                                 "sampling": {"mode": "subprocesses", "main_rate_hz": rate, "worker_rate_hz": rate,
+                                              "window_s": round(window, 3)}})
         # Source lines of user-code leaf frames, read as the target's own user could (sourcelines).
         try:
             events = json.loads(text)
         except ValueError:
             return
+        self._add_source_lines(events, spec, rec)
+
+    @staticmethod
+    def _add_source_lines(events: list[dict[str, Any]], spec: WatchSpec, rec: Recorder) -> None:
+        """Source lines of user-code leaf frames, read as the target's own user could (sourcelines)."""
         lines, skipped = sourcelines.read_leaf_sources(events, spec.pid, spec.root, rec=rec)
         rec.add("source_lines.json", json.dumps(lines))
         if skipped:
             rec.add("source_skipped.json", json.dumps(skipped))
 
+    def _capture_per_pid(self, exe: str, spec: WatchSpec, rec: Recorder, deadline_monotonic: float,
+                         plan: dict[str, Any]) -> None:
+        """The target at its own rate for the whole window; its workers a few at a time, each slot of
+        the window for the next few, at the workers' rate. Every sampler reads one PID."""
+        tmpdir = tempfile.mkdtemp(prefix="trainprobe-pyspy-")
+        try:
+            window = max(deadline_monotonic - time.monotonic(), 0.5)
+            main = _Sampler(exe, spec.pid, int(plan["main_rate_hz"]), window, tmpdir, "main", spec.native)
+            main.start(rec)
+            slots = [list(s) for s in plan.get("worker_slots") or []]
+            worker_runs: list[_Sampler] = []
+            slot_s = window / len(slots) if slots else 0.0
+            for i, pids in enumerate(slots):
+                slot_end = min(deadline_monotonic, time.monotonic() + slot_s)
+                if rec.stop.is_set() or slot_end - time.monotonic() < 0.3:
+                    break
+                run = [_Sampler(exe, p, int(plan["worker_rate_hz"]), slot_end - time.monotonic(), tmpdir,
+                                f"w{i}-{p}", spec.native) for p in pids]
+                for r in run:
+                    r.start(rec)
+                stopped = rec.wait_window(slot_end)
+                for r in run:
+                    r.finish(rec, stopped)
+                worker_runs.extend(run)
+            stopped = rec.wait_window(deadline_monotonic)
+            main.finish(rec, stopped)
+            if main.text is None:
+                logtext = main.log
+                if "Permission denied" in logtext or "Operation not permitted" in logtext:
+                    raise PermissionDenied("py-spy could not read the target's memory: run trainprobe with sudo")
+                last = [ln for ln in logtext.strip().splitlines() if ln.strip()]
+                raise Unavailable(f"py-spy wrote no samples (exit {main.rc}): {last[-1] if last else 'no output'}")
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        rec.add("pyspy.log", main.log[-20000:])
+        rec.add("chrometrace.json", main.text)
+        workers = [{"pid": r.pid, "launch_unix": r.launch_unix, "seconds": round(r.seconds, 3),
+                    "rate_hz": r.rate, "events": json.loads(r.text)} for r in worker_runs if r.text]
+        rec.add("workers_chrometrace.json", json.dumps(workers, separators=(",", ":")))
+        rec.capture.meta.update({
+            "pid": spec.pid, "rate_hz": main.rate, "launch_unix": main.launch_unix, "nonblocking": not spec.native,
+            "argv": main.argv,
+            "sampling": {"mode": "per_pid", "main_rate_hz": main.rate, "window_s": round(main.seconds, 3),
+                         "workers_known": list(plan.get("workers") or []), "worker_rate_hz": plan.get("worker_rate_hz"),
+                         "worker_slot_s": round(slot_s, 3),
+                         "workers_sampled": {str(r.pid): round(r.seconds, 3) for r in worker_runs if r.text}}})
+        try:
+            events = json.loads(main.text)
+        except ValueError:
+            return
+        for w in workers:
+            events.extend(w["events"])
+        self._add_source_lines(events, spec, rec)
+
     @staticmethod
     def parse(capture: Capture) -> dict[str, Any]:
         events = json.loads(capture.artifacts["chrometrace.json"])
         source = json.loads(capture.artifacts.get("source_lines.json", "{}"))
-        return analyse(pystacks.read_chrometrace(events), source, capture.meta)
+        traces = pystacks.read_chrometrace(events)
+        main_pid = int(capture.meta.get("pid") or 0)
+        launch = float(capture.meta.get("launch_unix") or 0.0)
+        for w in json.loads(capture.artifacts.get("workers_chrometrace.json", "[]")):
+            shift = float(w.get("launch_unix") or launch) - launch
+            for t in pystacks.read_chrometrace(w["events"]):
+                for sp in t.spans:          # onto the target's time base
+                    sp.t0 += shift
+                    sp.t1 += shift
+                t.ancestry = t.ancestry or (main_pid, t.pid)
+                traces.append(t)
+        return analyse(traces, source, capture.meta)
+
+
+class _Sampler:
+    """One `py-spy record` of one PID (no --subprocesses), written as chrometrace."""
+
+    def __init__(self, exe: str, pid: int, rate: int, seconds: float, tmpdir: str, tag: str, native: bool):
+        self.pid, self.rate, self.planned_s = pid, rate, seconds
+        self.out = os.path.join(tmpdir, f"{tag}.json")
+        self.logpath = os.path.join(tmpdir, f"{tag}.log")
+        self.argv = [exe, "record", "--pid", str(pid), "--rate", str(rate),
+                     "--duration", str(max(1, int(math.ceil(seconds)))), "--format", "chrometrace",
+                     "--output", self.out, "--idle", "--threads", "--native" if native else "--nonblocking"]
+        self.text: str | None = None
+        self.log = ""
+        self.rc: int | None = None
+        self.launch_unix = 0.0
+        self.seconds = 0.0
+
+    def start(self, rec: Recorder) -> None:
+        self._logfh = open(self.logpath, "w+")
+        self.launch_unix = time.time()
+        self._m0 = time.monotonic()
+        self.proc = rec.spawn(self.argv, stop_signal=signal.SIGINT, stdout=self._logfh, stderr=subprocess.STDOUT)
+
+    def finish(self, rec: Recorder, stopped: bool) -> None:
+        # py-spy rounds --duration up to whole seconds: a slot ends on time with SIGINT, which makes
+        # py-spy write what it has.
+        self.rc = rec.finish(self.proc, grace_s=0.05 if stopped or self.planned_s % 1 else 1.5)
+        self.seconds = time.monotonic() - self._m0
+        self._logfh.seek(0)
+        self.log = self._logfh.read()
+        self._logfh.close()
+        if os.path.exists(self.out):
+            with open(self.out) as fh:
+                self.text = fh.read()
 
 
 def _fractions(seconds: dict[str, float], total: float, cats: tuple[str, ...]) -> dict[str, float]:

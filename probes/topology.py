@@ -388,6 +388,7 @@ class TopologyProbe(Probe):
     needs = ("/sys readable",)
     cost = "negligible: a few hundred small sysfs reads at each end of the window"
     timeout_s = 10.0
+    cost_cpu_s_fixed = 0.01       # measured per 10 s window, capture and parse (docs/cost.md)
 
     def check(self, spec: WatchSpec) -> Availability:
         if not os.path.isdir(procfs.path(spec.root, "sys/devices/system")):

@@ -137,5 +137,28 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
         slow = oh.get("target_slowdown_estimate")
         lines.append(st.dim(f"overhead: agent {oh.get('agent_cpu_seconds', 0):.2f} CPU-s, "
                             f"{oh.get('agent_max_rss_mb', 0):.0f} MB max RSS"
-                            + (f", estimated target slowdown {100 * slow:.1f}%" if slow is not None else "")))
+                            + (f", estimated target slowdown {100 * slow:.1f}%" if slow is not None else "")
+                            + (f" (budget {oh['plan']['budget_cpu_seconds']:.2f} CPU-s)" if oh.get("plan") else "")))
+    line = sampling_line(report.get("sampling") or {})
+    if line:
+        lines.append(st.dim(line))
     stream.write("\n".join(lines) + "\n")
+
+
+def sampling_line(sm: dict) -> str | None:
+    """One line: what py-spy sampled, at what rate, and the precision of a share that gives."""
+    tp = sm.get("training_process")
+    if not tp:
+        return None
+    hw = tp.get("share_half_width_95")
+    out = (f"sampling: training process {tp.get('rate_hz', 0):g} Hz ({tp.get('samples', 0)} samples"
+           + (f", shares +-{100 * hw:.0f} pts" if hw else "") + ")")
+    w = sm.get("workers")
+    if w and w.get("known"):
+        if w.get("sampled"):
+            whw = w.get("share_half_width_95")
+            out += (f"; workers: {w['sampled']} of {w['known']} at {w.get('rate_hz', 0):g} Hz, {w.get('rotation')}"
+                    + (f" (+-{100 * whw:.0f} pts)" if whw else ""))
+        else:
+            out += f"; workers: {w['known']} not sampled by py-spy (budget), their CPU from /proc"
+    return out

@@ -19,8 +19,10 @@ def _names(value: str | None) -> tuple[str, ...]:
                    "Default: the busiest Python process that loaded torch.")
 @click.option("--duration", type=click.FloatRange(0.5, MAX_WINDOW_S), default=10.0, show_default=True,
               help="Seconds to watch.")
-@click.option("--rate", type=click.IntRange(1, 500), default=25, show_default=True,
-              help="py-spy sampling rate (Hz).")
+@click.option("--rate", type=click.IntRange(1, 500), default=None,
+              help="py-spy sampling rate (Hz) for the target and every child, under one sampler. Default: planned "
+                   "to keep the whole agent under 1%% of the job's CPUs (at most 25 Hz for the training process, "
+                   "its DataLoader workers a few at a time at a lower rate; see docs/cost.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
@@ -37,7 +39,7 @@ def _names(value: str | None) -> tuple[str, ...]:
               help="Also write the report as one self-contained HTML file (timeline, flame graphs).")
 @redact_option
 @click.pass_obj
-def command(app: App, pid: int | None, duration: float, rate: int, as_json: bool, only: str | None,
+def command(app: App, pid: int | None, duration: float, rate: int | None, as_json: bool, only: str | None,
             skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None) -> None:
     """Attach to a running training process and explain what holds its step back."""
     from agent import diagnosis

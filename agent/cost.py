@@ -1,0 +1,142 @@
+"""The agent's own cost: the budget a run must fit, the plan that fits it, and what it really cost.
+
+Budget (docs/cost.md): the whole agent tree (this process and every process it starts) may use at
+most BUDGET_SHARE of the CPU capacity the job may use over the window, and never less than
+FLOOR_CPU_S_PER_S (small machines: 1% of 2 CPUs cannot pay for the agent's own start-up and a useful
+sample rate), with RSS at most BUDGET_RSS_MB. The session plans probes against it before the window
+(each probe declares its cost: probes/base.py `estimate_cost`, `fit_budget`) and measures after.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes import procfs
+from probes.base import JobShape, Probe, ProbeCost, WatchSpec
+
+BUDGET_SHARE = 0.01            # of the job's CPU capacity over the window
+FLOOR_CPU_S_PER_S = 0.03       # 0.3 CPU-s per 10 s window, whatever the machine
+BUDGET_RSS_MB = 150.0
+# Measured (benchmarks/bench_cost.py): the CLI's own CPU outside the probes (interpreter start with
+# bytecode cached, imports, target checks, evidence, rules, report) and its RSS.
+AGENT_FIXED_CPU_S = 0.13
+AGENT_PER_PROCESS_CPU_S = 0.015   # evidence and rules for each process of the job beyond the target
+AGENT_RSS_MB = 30.0
+# The models' spread between runs is about +-15% (contention, the target's stacks): adjustable
+# probes are planned against this share of the budget, so the measured tree stays within it.
+PLAN_MARGIN = 0.85
+
+
+def job_shape(pid: int, root: str = "/") -> JobShape:
+    try:
+        kids = procfs.descendants_of(pid, root)
+    except Exception:  # noqa: BLE001 - the target's tree cannot be read: plan for the target alone
+        kids = []
+    status = procfs.parse_status(procfs.try_read_text(root, f"proc/{pid}/status") or "")
+    cap, basis = procfs.cpu_capacity(pid, root)
+    return JobShape(pid=pid, processes=(pid, *[k for k, _ in kids]), children=dict(kids),
+                    threads=int(status.get("Threads", "1") or 1), cpu_capacity=cap, cpu_capacity_basis=basis)
+
+
+def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:
+    share = BUDGET_SHARE * job.cpu_capacity * window_s
+    floor = FLOOR_CPU_S_PER_S * window_s
+    if share >= floor:
+        return share, f"{BUDGET_SHARE:.0%} of {job.cpu_capacity:g} CPUs ({job.cpu_capacity_basis}) over {window_s:g} s"
+    return floor, (f"floor of {FLOOR_CPU_S_PER_S * 10:g} CPU-s per 10 s (1% of {job.cpu_capacity:g} CPUs "
+                   f"would be {share:.2f} CPU-s)")
+
+
+@dataclass
+class Plan:
+    budget_cpu_s: float
+    budget_basis: str
+    budget_rss_mb: float
+    job: JobShape
+    probes: dict[str, ProbeCost] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    over_budget: str | None = None
+
+    @property
+    def agent_cpu_s(self) -> float:
+        return AGENT_FIXED_CPU_S + AGENT_PER_PROCESS_CPU_S * max(0, len(self.job.processes) - 1)
+
+    @property
+    def planned_cpu_s(self) -> float:
+        return self.agent_cpu_s + sum(c.cpu_s for c in self.probes.values())
+
+    @property
+    def planned_rss_mb(self) -> float:
+        return AGENT_RSS_MB + sum(c.rss_mb for c in self.probes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_cpu_seconds": round(self.budget_cpu_s, 3), "budget_basis": self.budget_basis,
+            "budget_rss_mb": self.budget_rss_mb, "job_cpu_capacity": self.job.cpu_capacity,
+            "job_processes": len(self.job.processes), "job_threads": self.job.threads,
+            "planned_cpu_seconds": round(self.planned_cpu_s, 3), "planned_rss_mb": round(self.planned_rss_mb, 1),
+            "agent_cpu_seconds": round(self.agent_cpu_s, 3),
+            "probes": {k: v.to_dict() for k, v in self.probes.items()}, "skipped": dict(self.skipped),
+            "over_budget": self.over_budget,
+        }
+
+
+def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = True) -> Plan:
+    """Fixed-cost probes first, then the adjustable ones (by priority) share what is left.
+
+    With `enforce` False (an explicit --rate, or --probes) the probes keep their settings and the
+    plan only states what they are expected to cost.
+    """
+    total, basis = budget_cpu_s(job, spec.window_s)
+    p = Plan(total, basis, BUDGET_RSS_MB, job)
+    fixed = [pr for pr in probes if not pr.adjustable]
+    for pr in fixed:
+        p.probes[pr.name] = pr.estimate_cost(spec, job)
+    left = PLAN_MARGIN * total - p.planned_cpu_s
+    adjustable = sorted((pr for pr in probes if pr.adjustable), key=lambda pr: pr.budget_priority)
+    for i, pr in enumerate(adjustable):
+        if not enforce:
+            p.probes[pr.name] = pr.estimate_cost(spec, job)
+            continue
+        # Each adjustable probe may take what is left, less a minimum kept for those after it.
+        reserve = sum(getattr(q, "min_cost_cpu_s", 0.0) for q in adjustable[i + 1:])
+        cost = pr.fit_budget(spec, job, max(0.0, left - reserve))
+        if cost is None and i == 0 and hasattr(pr, "min_cost"):
+            # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
+            # its minimum even when the budget is spent (short windows), and the plan says so.
+            cost = pr.fit_budget(spec, job, pr.min_cost(spec.window_s))
+            if cost is not None:
+                p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
+        if cost is None:
+            p.skipped[pr.name] = (f"does not fit the agent's CPU budget ({total:.2f} CPU-s: {basis}); "
+                                  f"{max(0.0, left):.2f} CPU-s were left for it")
+            continue
+        p.probes[pr.name] = cost
+        left -= cost.cpu_s
+    return p
+
+
+# -- what the run really cost ---------------------------------------------------------------------
+
+def tree_usage() -> dict[str, float]:
+    """This process since it started plus every child it has reaped (and theirs), from rusage."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"self_cpu_seconds": s.ru_utime + s.ru_stime, "children_cpu_seconds": c.ru_utime + c.ru_stime,
+            "self_max_rss_mb": s.ru_maxrss / 1024.0, "children_max_rss_mb": c.ru_maxrss / 1024.0}
+
+
+def process_start_cpu_note() -> str:
+    return ("the whole agent tree from its start (interpreter, imports, every probe and every process a probe "
+            "started, rules and report), from rusage of the agent and of each child when it was reaped")
+
+
+def current_rss_mb() -> float:
+    text = procfs.try_read_text("/", f"proc/{os.getpid()}/status") or ""
+    st = procfs.parse_status(text)
+    try:
+        return int(st.get("VmRSS", "0 kB").split()[0]) / 1024.0
+    except (ValueError, IndexError):
+        return 0.0

@@ -1,0 +1,156 @@
+"""The cost benchmark's core, shared by bench_cost.py (this machine) and gpu_cost.py (a GPU node).
+
+For one running job: alternating windows, untouched then attached (`trainprobe diagnose`, default
+planned sampling), so the job's throughput ratio cancels slow drift; for each attached window the
+agent tree's CPU from rusage (this process's RUSAGE_CHILDREN delta over the diagnose subprocess,
+every descendant included) and its RSS (the sum over the diagnose tree, read from /proc every
+0.2 s); then a few windows at full sampling (`--rate 25`: one py-spy over every process at 25 Hz)
+to compare the top finding and its expected speedup with the reduced sampling's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from probes import procfs  # noqa: E402
+
+
+def agent_env() -> dict[str, str]:
+    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=str(REPO))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)   # an installed agent runs from cached bytecode
+    return env
+
+
+def _tree_rss_mb(pid: int) -> float:
+    total = 0.0
+    for p in [pid] + [k for k, _ in procfs.descendants_of(pid)]:
+        st = procfs.parse_status(procfs.try_read_text("/", f"proc/{p}/status") or "")
+        try:
+            total += int(st.get("VmRSS", "0 kB").split()[0]) / 1024.0
+        except (ValueError, IndexError):
+            pass
+    return total
+
+
+def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
+    """One `trainprobe diagnose --json` subprocess: its report, its tree's CPU and peak RSS."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "diagnose", "--pid", str(pid), "--duration", str(window),
+                             "--json", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=agent_env())
+    peak = [0.0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            try:
+                peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
+            except Exception:  # noqa: BLE001 - the tree changes under us
+                pass
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    done.set()
+    th.join()
+    t1 = time.time()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tree = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    try:
+        rep = json.loads(out)
+    except ValueError:
+        return {"ok": False, "rc": proc.returncode, "stderr": err[-2000:], "t0": t0, "t1": t1}
+    ov = rep.get("overhead") or {}
+    top = (rep.get("findings") or [{}])[0]
+    return {"ok": True, "t0": t0, "t1": t1, "tree_cpu_s": round(tree, 3), "tree_peak_rss_mb": round(peak[0], 1),
+            "reported_cpu_s": ov.get("agent_cpu_seconds"), "reported_rss_mb": ov.get("agent_max_rss_mb"),
+            "window_s": (rep.get("window") or {}).get("seconds"),
+            "top": top.get("id"), "top_speedup": top.get("expected_speedup"),
+            "findings": [(f["id"], f.get("expected_speedup")) for f in rep.get("findings") or []][:4],
+            "sampling": rep.get("sampling"), "plan": ov.get("plan"), "by_probe": ov.get("by_probe"),
+            "gpu_calls": (rep.get("sampling") or {}).get("gpu")}
+
+
+def run_case(name: str, pid: int, rate: Callable[[float, float], float], window: float, pairs: int,
+             full_runs: int, extra: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """Alternating windows on one job; `rate(t0, t1)` is the job's steps/s between two unix times."""
+    detached: list[float] = []
+    attached: list[dict[str, Any]] = []
+    t0 = time.time()
+    time.sleep(window)
+    detached.append(rate(t0, time.time()))
+    for i in range(pairs):
+        d = diagnose(pid, window, extra)
+        if d["ok"]:
+            # The window proper: the CLI's start-up before the probes attach is excluded.
+            d["steps_per_s"] = rate(d["t0"] + 0.5, d["t1"])
+        t0 = time.time()
+        time.sleep(window)
+        detached.append(rate(t0, time.time()))
+        if d["ok"]:
+            d["ratio"] = round(d["steps_per_s"] / statistics.mean(detached[-2:]), 4)
+            log(f"  {name} pair {i + 1}: ratio {d['ratio']:.3f}, tree {d['tree_cpu_s']:.2f} CPU-s "
+                f"(reported {d['reported_cpu_s']}), RSS {d['tree_peak_rss_mb']:.0f} MB, top {d['top']} {d['top_speedup']}")
+        else:
+            log(f"  {name} pair {i + 1}: diagnose failed rc={d.get('rc')}: {d.get('stderr', '')[-300:]}")
+        attached.append(d)
+    full = []
+    for _ in range(full_runs):
+        f = diagnose(pid, window, [*extra, "--rate", "25"])
+        full.append(f)
+        if f["ok"]:
+            log(f"  {name} full sampling: tree {f['tree_cpu_s']:.2f} CPU-s, RSS {f['tree_peak_rss_mb']:.0f} MB, "
+                f"top {f['top']} {f['top_speedup']}")
+    return summarize(name, window, attached, full, detached)
+
+
+def summarize(name: str, window: float, attached: list[dict[str, Any]], full: list[dict[str, Any]],
+              detached: list[float]) -> dict[str, Any]:
+    ok = [a for a in attached if a["ok"]]
+    fok = [f for f in full if f["ok"]]
+    med = lambda xs: round(statistics.median(xs), 4) if xs else None  # noqa: E731
+    cap = None
+    if ok and ok[0].get("plan"):
+        cap = ok[0]["plan"].get("job_cpu_capacity")
+    tree = [a["tree_cpu_s"] for a in ok]
+    top_r = statistics.mode([a["top"] for a in ok]) if ok else None
+    top_f = statistics.mode([f["top"] for f in fok]) if fok else None
+    sp_r = med([a["top_speedup"] for a in ok if a["top"] == top_r and a["top_speedup"]])
+    sp_f = med([f["top_speedup"] for f in fok if f["top"] == top_f and f["top_speedup"]])
+    return {
+        "case": name, "window_s": window, "pairs": len(attached), "detached_steps_per_s": detached,
+        "ratios": [a.get("ratio") for a in ok], "ratio_median": med([a["ratio"] for a in ok]),
+        "tree_cpu_s": tree, "tree_cpu_s_median": med(tree), "tree_cpu_s_max": max(tree) if tree else None,
+        "reported_cpu_s": [a["reported_cpu_s"] for a in ok],
+        "tree_cpu_share_of_job_capacity": round(max(tree) / (cap * window), 5) if tree and cap else None,
+        "job_cpu_capacity": cap,
+        "tree_peak_rss_mb_max": max((a["tree_peak_rss_mb"] for a in ok), default=None),
+        "reported_rss_mb_max": max((a["reported_rss_mb"] or 0 for a in ok), default=None),
+        "top_reduced": top_r, "top_full": top_f, "speedup_reduced": sp_r, "speedup_full": sp_f,
+        "speedup_rel_diff": round(sp_r / sp_f - 1, 4) if sp_r and sp_f else None,
+        "full_tree_cpu_s": [f["tree_cpu_s"] for f in fok], "full_tree_peak_rss_mb": [f["tree_peak_rss_mb"] for f in fok],
+        "sampling": ok[0]["sampling"] if ok else None, "attached": attached, "full": full,
+    }
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    share = r.get("tree_cpu_share_of_job_capacity")
+    diff = r.get("speedup_rel_diff")
+    return (f"{r['case']:<18} ratio med {r['ratio_median']}  min {min(r['ratios']) if r['ratios'] else None}  "
+            f"tree CPU-s med {r['tree_cpu_s_median']} max {r['tree_cpu_s_max']}"
+            + (f" ({100 * share:.2f}% of {r['job_cpu_capacity']:g} CPUs)" if share is not None else "")
+            + f"  RSS max {r['tree_peak_rss_mb_max']} MB  top {r['top_reduced']} {r['speedup_reduced']}"
+            f" vs full {r['top_full']} {r['speedup_full']}" + (f" ({100 * diff:+.1f}%)" if diff is not None else "")
+            + f"  full-sampling tree CPU-s {r['full_tree_cpu_s']}")
