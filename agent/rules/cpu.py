@@ -183,10 +183,22 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
                          change="move the other busy processes to other CPUs or hosts, or give the job a cpuset of "
                                 f"its own (taskset -a -cp CPUS {pid}, or a cgroup cpuset) sized to its "
                                 f"{max(1, math.ceil(demand - 0.05))} runnable threads"))
+    for fx in fixes:
+        # Machine-readable settings, apart from the printed lines (benchmarks/ledger.py applies them).
+        if fx.change and fx.change.startswith("torch.set_num_threads"):
+            fx.knobs = {"intra_op_threads": n_main}
+        elif fx.change and "worker_init_fn" in fx.change:
+            fx.knobs = {"worker_threads": 1}
+        elif fx.change and fx.change.startswith("DataLoader(..., num_workers="):
+            fx.knobs = {"num_workers": n_workers_cap}
+        elif fx.title.startswith("Other processes"):
+            fx.knobs = {"other_processes_on_job_cpus": False}
     if not fixes:
         fixes.append(Fix(f"Keep runnable threads within the {p_cpus:g} CPUs",
                          change=f"torch.set_num_threads({n_main})",
                          command=f"OMP_NUM_THREADS={n_main} {cmd}"))
+    if fixes and fixes[-1].knobs is None and fixes[-1].change and fixes[-1].change.startswith("torch.set_num"):
+        fixes[-1].knobs = {"intra_op_threads": n_main}
     conf = "high" if (source == "sched" and r_loop >= 0.10) else "medium"
     who = (f"the training thread waits for a CPU {pct(r_train)} of the time" if loop_hit else
            f"the DataLoader workers wait for a CPU {pct(r_workers)} of the time")

@@ -9,12 +9,20 @@ step time T = 1:
     U  CPU-seconds the whole job uses per step (all threads of the process and its workers),
     P  CPUs the job may use (affinity and cgroup quota),
     L  cores the training process itself uses while it computes (its intra-op threads; a fact).
-With W single-threaded workers a step takes at least max(C, D / W, U / P): the loop's own time,
-the workers' production time, and the host's CPU capacity. W never exceeds P (no more workers than
-cores can run). The rule proposes the smallest W that reaches the best step time, and 1 / T'(W)
-as the expected speedup: an upper bound, since workers that share cores with the loop also delay
-it (run-queue delay), which the model does not charge. When today's workers already fill the cores, settings cannot help; the finding
-then quotes what halving the per-sample CPU cost would give.
+With W single-threaded workers a step takes max(C, k D / W, U / P): the loop's own time, the
+workers' production time, and the host's CPU capacity. k is the hand-off factor: a batch made in a
+worker costs more CPU than the same batch made in the loop (pickling through shared memory, the
+worker's own interpreter, collation twice); it is fitted to the ledger (docs/models.md) and applies
+only where D was measured in the loop (num_workers=0); workers' measured CPU already carries it.
+The workers proposed: never more than the CPUs the job may use minus the cores the training
+process itself needs (L), and, within that, HEADROOM times the fewest that reach the best step time
+under the pessimistic k: too few workers cost speed, a few too many only memory. Workers are
+counted live (the most alive at once), not every PID seen: workers re-created every epoch come and
+go, which the process probe sees, and the fix then adds persistent_workers=True. A fix never
+restates the current setting (today's live workers, pin_memory when its thread is seen).
+The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range and, with GPU
+evidence, the GPU-idle share: an estimate, not a bound. When today's workers already fill the
+cores, settings cannot help; the finding then quotes what halving the per-sample CPU cost would give.
 """
 from __future__ import annotations
 
@@ -26,6 +34,9 @@ from agent.findings import Fact, Finding, Fix, pct
 from agent.rules import rule
 
 STARVED_SHARE = 0.10          # the loop waits on data for at least this share of its time
+# The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
+HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
+HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
@@ -34,8 +45,9 @@ def step_time(w: int, c: float, d: float, u: float, p: float) -> float:
     return max(c, d / max(w, 1), u / p if p > 0 else 0.0)
 
 
-def max_workers(p: float) -> int:
-    return max(1, int(math.floor(p + 1e-6)))
+def max_workers(p: float, rest_cores: float = 0.0) -> int:
+    """The most workers the job may run: its CPUs minus the cores the rest of the job needs."""
+    return max(1, int(math.floor(p - rest_cores + 1e-6)))
 
 
 def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple[int, float]:
@@ -61,11 +73,16 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
         p = float(proc["cpus_available"]) / max(n_trainers, 1)
         w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
                   and x.get("cpu_cores") is not None]
-        w_now = max(w_now, len([x for x in w_proc if x["alive_at_end"]]))
+        # Live workers: the most alive at once (at the window's start or end), not every PID seen:
+        # workers re-created every epoch come and go and would otherwise be counted several times.
+        alive_end = len([x for x in w_proc if x["alive_at_end"]])
+        alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
+        live = max(alive_end, alive_start)
+        w_now = live if w_proc else w_now
         worker_cores = sum(x["cpu_cores"] for x in w_proc)
         main_cores = float(me.get("cpu_cores") or 0.0)
         u = main_cores + worker_cores if n_trainers > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
-        d = worker_cores + f_load if w_now else f_load
+        d = worker_cores + f_load if w_now else f_load * HANDOFF_K[1]
         if d <= 0:
             d = f
         loop_cores = max(1.0, (main_cores - f_load) / c)
@@ -76,10 +93,12 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
                   Fact("process", "DataLoader worker processes", w_now)]
         churn = proc.get("worker_churn", {}) or {}
         return {"c": c, "d": d, "u": u, "p": p, "loop": loop_cores, "w_now": w_now, "known_p": True,
+                "d_inloop": not w_now, "pids_seen": len(w_proc),
                 "uses_cuda": bool(proc.get("uses_cuda")),
                 "recreated": bool(churn.get("appeared") or churn.get("vanished"))}
     p = float(ev.context.get("cpus_available") or 0.0) / max(n_trainers, 1)
-    return {"c": c, "d": f, "u": 1.0 + w_now, "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now,
+    return {"c": c, "d": f * (HANDOFF_K[1] if not w_now else 1.0), "u": 1.0 + w_now,
+            "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now, "d_inloop": not w_now, "pids_seen": w_now,
             "known_p": bool(p), "uses_cuda": bool(ev.context.get("uses_cuda")), "recreated": False}
 
 
@@ -190,44 +209,68 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     elif gpu and gpu.get("idle_fraction") is not None:
         facts.append(Fact("gpu", "share of the window the GPU was idle", gpu["idle_fraction"]))
 
-    w_cap = max_workers(p)
-    w_best, t_best = propose_workers(c, d, u, p, w_cap)
-    cpu_note = (f"P={p:g} CPUs so W<={w_cap}" if m["known_p"]
+    rest = m["loop"] if m["known_p"] else 0.0
+    w_cap = max_workers(p, rest)
+    # d carries the middle hand-off factor where it was measured in the loop; scale it for the range.
+    k_lo, k_mid, k_hi = (k / HANDOFF_K[1] for k in HANDOFF_K) if m["d_inloop"] else (1.0, 1.0, 1.0)
+    w_min, _ = propose_workers(c, d * k_hi, u, p, w_cap)
+    w_best = min(w_cap, max(w_min, int(math.ceil(w_min * HEADROOM - 1e-9))))
+    t_best = step_time(w_best, c, d, u, p)
+    cpu_note = (f"P={p:g} CPUs, L={rest:.1f} for the loop, so W<={w_cap}" if m["known_p"]
                 else "CPUs unknown (no process evidence): capacity not bounded")
     bursty = bool(w_now and (workers_spy.get("busy_fraction") or 1.0) < BURSTY_BUSY and f_wait > STARVED_SHARE)
     if bursty:
         facts.append(Fact("pyspy", "workers' busy share while the loop waits (bursty production)",
                           workers_spy.get("busy_fraction")))
-    settings_help = w_best > w_now or (bursty and w_now)
+    if m["pids_seen"] > w_now:
+        facts.append(Fact("process", f"worker PIDs seen over the window ({w_now} alive at once)", m["pids_seen"]))
+    pinned_now = any("pin_memory" in (t.get("name") or "") or any("_pin_memory_loop" in fr for top in t.get("top") or []
+                                                                   for fr in top.get("stack", []))
+                     for t in (spy.get("other_threads") or []))
+    more = w_best > w_now
+    settings_help = more or recreated or (bursty and w_now)
     fixes: list[Fix] = []
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    interval = None
     if settings_help:
         w_prop = max(w_best, w_now)
-        speedup = 1.0 / (t_best if w_best > w_now else step_time(w_now, c, d, u, p))
-        kwargs: dict[str, Any] = {"num_workers": w_prop}
-        if m["uses_cuda"]:
+        t_mid = t_best if more else step_time(w_now, c, d, u, p)
+        w_eval = w_prop
+        speedup = 1.0 / t_mid
+        interval = (1.0 / step_time(w_eval, c, d * k_hi, u, p), 1.0 / step_time(w_eval, c, d * k_lo, u, p))
+        if more:
+            kwargs["num_workers"] = w_prop
+        if m["uses_cuda"] and not pinned_now:
             kwargs["pin_memory"] = True
-        if recreated or not w_now:
+        if recreated or (more and not w_now):
             kwargs["persistent_workers"] = True   # new workers are otherwise re-created every epoch
-        if bursty:
+        if bursty and not more:
             kwargs["prefetch_factor"] = 4
+        if not kwargs:
+            settings_help = False
+    if settings_help:
         args = [f"{k}={v}" for k, v in kwargs.items()]
-        fixes.append(Fix(f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}"
-                         + (" into pinned memory" if m["uses_cuda"] else ""),
-                         change="DataLoader(..., " + ", ".join(args) + ")"))
+        what = (f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}" if more
+                else ("Keep the DataLoader workers alive across epochs" if recreated
+                      else "Let each worker prefetch more batches"))
+        fixes.append(Fix(what + (" into pinned memory" if kwargs.get("pin_memory") else ""),
+                         change="DataLoader(..., " + ", ".join(args) + ")", knobs=dict(kwargs)))
         if m["uses_cuda"]:
             fixes.append(Fix("Copy batches without blocking the loop",
-                             change="x = x.cuda(non_blocking=True)  # with pin_memory=True"))
+                             change="x = x.cuda(non_blocking=True)  # with pin_memory=True",
+                             knobs={"non_blocking": True}))
         if recreated:
             facts.append(Fact("process", "worker processes were re-created during the window", True))
-        bound = (f"f={f:.2f}; step >= max(C={c:.2f}, D/W={d:.2f}/{w_prop}, U/P={u:.2f}/{p:g}) of today's step; "
-                 f"{cpu_note}; Amdahl ceiling 1/(1-f)={1 / c:.1f}x; assumes a worker makes a batch as fast "
-                 "as the loop did, with no hand-off cost")
+        bound = (f"f={f:.2f}; step = max(C={c:.2f}, kD/W={d:.2f}/{w_prop}, U/P={u:.2f}/{p:g}) of today's step; "
+                 f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
+                 f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
+                 f"{HEADROOM:g}x headroom over the fewest workers that reach the best step; an estimate")
     else:
         # The CPUs are the limit: more workers would only queue for the same cores.
         w_prop = w_now
         t_half = step_time(max(w_now, 1), c, d / 2.0, u - d / 2.0, p)
         speedup = 1.0 / t_half
+        interval = (1.0, speedup)
         where = (top[0]["stack"][-1] if (inloop and top) else
                  (worker_top[0]["stack"][-1] if worker_top else "the dataset's __getitem__"))
         fixes.append(Fix("The CPUs are the limit: make each sample cheaper to produce",
@@ -237,13 +280,18 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
     ceiling = _gpu_ceiling(ev)
     if ceiling is not None:
-        # The GPU's side: only data-wait time during which the GPU idled can come off the step.
+        # The GPU's side: data-wait time during which the GPU idled. Not a bound (the ledger measured
+        # gains past it: a loop freed from loading also launches its kernels sooner), so it pulls the
+        # estimate down to the geometric mean and widens the interval's low end.
         x_gpu, gpu_speedup = ceiling
         if gpu_speedup < GPU_WORTH:
             return None       # the GPU stays busy while the loop waits: the wait hides behind GPU work
         if gpu_speedup < speedup:
-            speedup = gpu_speedup
-            bound += f"; the GPU idled only {x_gpu:.2f} of the time while the loop fetched data: <= {gpu_speedup:.2f}x"
+            speedup = math.sqrt(speedup * gpu_speedup)
+            lo, hi = interval or (1.0, speedup)
+            interval = (min(lo, gpu_speedup), hi)
+            bound += (f"; the GPU idled {x_gpu:.2f} of the time while the loop fetched data (1/(1-x)="
+                      f"{gpu_speedup:.2f}x): estimate is the geometric mean of the two")
     conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
     title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
              else f"The training loop waits on the DataLoader {pct(f)} of the time")
@@ -252,9 +300,11 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  + f"; the other {len(ranks) - 1} rank(s) wait for it in collectives")
         bound += "; ranks step in lockstep, so the job's step is the straggler's"
     return Finding("dataloader.starved", title, max(speedup, 1.0), bound, conf, facts, fixes, risk="low",
+                   interval=interval,
                    details={"data_share": round(f, 4), "rank_pid": worst["pid"] if multi else None,
                             "ranks": len(ranks), "proposed_num_workers": w_prop, "current_num_workers": w_now,
-                            "cpus_available": p, "settings_help": settings_help,
+                            "cpus_available": p, "settings_help": settings_help, "recreated": recreated,
+                            "pin_memory_now": pinned_now,
                             "dataloader_kwargs": kwargs,
                             "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,
                                       "L": round(m["loop"], 3), "W_max": w_cap}})

@@ -85,8 +85,10 @@ def gpu_idle_on_data(ev: Evidence) -> Finding | None:
     cpus = proc.get("cpus_available") or ev.context.get("cpus_available")
     n = max(1, min(int(cpus) - 1, 8)) if cpus else 4
     fixes = [Fix("Load batches in worker processes, into pinned memory",
-                 change=f"DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True)"),
-             Fix("Copy batches without blocking the loop", change="x = x.cuda(non_blocking=True)  # with pin_memory=True")]
+                 change=f"DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True)",
+                 knobs={"num_workers": n, "pin_memory": True, "persistent_workers": True}),
+             Fix("Copy batches without blocking the loop", change="x = x.cuda(non_blocking=True)  # with pin_memory=True",
+                 knobs={"non_blocking": True})]
     title = f"The GPU idles {pct(x)} of the time while the training loop " + (
         "loads its own batches" if inloop else "waits for its DataLoader")
     return Finding("dataloader.starved", title, speedup, bound, "high" if x >= 0.3 else "medium", facts, fixes,
@@ -141,14 +143,16 @@ def h2d_blocking(ev: Evidence) -> Finding | None:
     if pinned:
         facts.append(Fact("pyspy", "a pin-memory thread runs: the DataLoader already pins its batches", True))
         fixes = [Fix("Do not block on the copy: the batches are already pinned",
-                     change="x = x.cuda(non_blocking=True); y = y.cuda(non_blocking=True)"),
+                     change="x = x.cuda(non_blocking=True); y = y.cuda(non_blocking=True)",
+                     knobs={"non_blocking": True}),
                  Fix("Prefetch the next batch to the GPU on a side stream while this step computes",
                      change="with torch.cuda.stream(copy_stream): nxt = batch.cuda(non_blocking=True)")]
         title = f"The GPU idles {pct(x)} of the time while the loop copies batches to it, though they are pinned"
         conf = "low"
     else:
         fixes = [Fix("Copy from pinned (page-locked) memory, without blocking the loop",
-                     change="DataLoader(..., pin_memory=True); x = x.cuda(non_blocking=True)"),
+                     change="DataLoader(..., pin_memory=True); x = x.cuda(non_blocking=True)",
+                     knobs={"pin_memory": True, "non_blocking": True}),
                  Fix("Without a DataLoader: pin the host tensors once, where they are built",
                      change="xs = xs.pin_memory()  # or torch.empty(..., pin_memory=True); then xs.cuda(non_blocking=True)")]
         title = (f"The GPU idles {pct(x)} of the time while the loop copies batches to it from pageable memory "
@@ -186,7 +190,8 @@ def host_sync(ev: Evidence) -> Finding | None:
              "samples cannot show the drain after each sync, the host timeline does")
     fixes = [Fix("Accumulate metrics on the GPU and synchronise every N steps, not every step",
                  change="running += loss.detach()  # no loss.item() per step\n"
-                        "if step % 100 == 0: log(running.item() / 100); running.zero_()"),
+                        "if step % 100 == 0: log(running.item() / 100); running.zero_()",
+                 knobs={"item_every": 100}),
              Fix("Time steps with CUDA events instead of torch.cuda.synchronize() in the loop",
                  change="start.record(); ...; end.record()  # read end.elapsed_time(start) every N steps")]
     return Finding("host.sync", f"The training loop blocks in host-GPU syncs {pct(s)} of the time",
@@ -220,7 +225,8 @@ def launch_bound(ev: Evidence) -> Finding | None:
              + "; optimistic: CUDA graphs and torch.compile remove launch and Python overhead only for the "
                "part of the step they capture")
     fixes = [Fix("Capture the step in CUDA graphs: one launch replays all its kernels",
-                 change='model = torch.compile(model, mode="reduce-overhead")'),
+                 change='model = torch.compile(model, mode="reduce-overhead")',
+                 knobs={"compile": "reduce-overhead"}),
              Fix("Give each kernel more work: fewer, larger steps",
                  change="DataLoader(..., batch_size=4 * batch_size)  # scale the learning rate with it"),
              Fix("Fuse the optimizer's per-parameter kernels",

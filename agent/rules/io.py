@@ -114,6 +114,8 @@ def io_small_reads(ev: Evidence) -> Finding | None:
         Fix("Cache what the workers decode, so later epochs skip the files",
             change="decode once into a NumPy memmap / local cache and index it in __getitem__"),
     ]
+    fixes[0].knobs = {"storage": "shards"}
+    fixes[1].knobs = {"storage": "cache"}
     if mean_read < 16 * 1024:
         fixes.append(Fix("Read larger blocks where files must stay separate",
                          change="read each file whole in one call (f.read() on open(path, 'rb', buffering=1 << 20)), "

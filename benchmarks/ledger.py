@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""The validation ledger: apply the fix trainprobe printed, measure what it gives.
+
+For each workload variant of a machine kind it starts the job, runs
+`python -m agent diagnose --pid PID --duration D --json --save BUNDLE` on it, reads the top
+finding and the machine-readable `knobs` of its fixes (the same settings its text prints), applies
+exactly those knobs to the job, and measures before/after throughput in interleaved repetitions
+(before, after, before, after, ...; median and spread of the per-repetition ratios). Healthy
+variants are diagnosed only: they must give no finding above 1.2x.
+
+    python benchmarks/ledger.py --kind cpu --out DIR            # this machine's CPU jobs (~10 min)
+    python benchmarks/ledger.py --kind gpu --out DIR            # one GPU (~9 min), needs py-spy
+    python benchmarks/ledger.py --kind gpu --dry-run            # print the plan, run nothing
+    python benchmarks/ledger.py --render DIR/ledger-*.json      # rewrite docs/ledger.md from raw JSON
+
+Options: --cases a,b (a subset), --reps N (default 3), --seconds S (timed seconds per run),
+--duration D (diagnosis window). Writes DIR/ledger-KIND.json (raw: every rate, every ratio, the
+report's findings), DIR/bundles/CASE.tar.gz, DIR/reports/CASE.json, and with --docs the page
+docs/ledger.md. No case starts after --budget seconds (default 540 for gpu, 720 for cpu).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+HEALTHY_MAX = 1.2            # a healthy job gives no finding above this
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str                            # cpu | gpu
+    expect: str                          # the finding id that should come first
+    knobs: dict[str, Any]                # the job's settings before the fix
+    what: str                            # one line: the job and its bottleneck
+    competitors: int = 0                 # busy processes beside the job (cpu)
+    healthy: bool = False
+    apply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None   # knobs, fix knobs -> knobs
+    note: str = ""
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+CPU_FLAGS = {  # knob -> train_cpu flag (bools are flags)
+    "num_workers": "--num-workers", "sample_work": "--sample-work", "threads": "--threads",
+    "worker_threads": "--worker-threads", "pin_memory": "--pin-memory", "persistent_workers": "--persistent-workers",
+    "prefetch_factor": "--prefetch-factor", "small_files": "--small-files", "files_per_sample": "--files-per-sample",
+    "shard": "--shard", "record_bytes": "--record-bytes", "gil_spinner": "--gil-spinner",
+    "gil_pause_ms": "--gil-pause-ms", "epoch_samples": "--epoch-samples", "batch_size": "--batch-size",
+    "width": "--width", "depth": "--depth",
+}
+
+
+def cpu_argv(knobs: dict[str, Any]) -> list[str]:
+    argv = [PY, "-m", "agent.workloads.train_cpu", "--seconds", "0", "--report-every", "0.5"]
+    for k, v in knobs.items():
+        if k.startswith("_") or v is None or v is False:
+            continue
+        flag = CPU_FLAGS[k]
+        argv += [flag] if v is True else [flag, str(v)]
+    return argv
+
+
+def gpu_argv(knobs: dict[str, Any]) -> list[str]:
+    return [PY, str(REPO / "benchmarks" / "ledger_gpu_jobs.py"), "--seconds", "0",
+            "--knobs", json.dumps(knobs)]
+
+
+def apply_knobs(knobs: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """The job's knobs with the fix's knobs applied: exactly what trainprobe printed."""
+    out = dict(knobs)
+    for k, v in fix.items():
+        if k == "intra_op_threads":
+            out["threads"] = v
+        elif k == "background_thread_holds_gil":
+            out["gil_spinner"] = bool(v)
+        elif k == "storage" and v == "shards":
+            out["shard"], out["small_files"] = out.pop("_shard", None), None
+        elif k == "other_processes_on_job_cpus":
+            out["_competitors"] = 0
+        elif k == "non_blocking" and "_cpu" in out:
+            continue
+        else:
+            out[k] = v
+    return out
+
+
+def cpu_cases(tmp: Path) -> list[Case]:
+    tiny = tmp / "tiny"
+    if not tiny.exists():
+        tiny.mkdir(parents=True)
+        blob = os.urandom(256)
+        for i in range(4000):
+            (tiny / f"s{i:06d}.bin").write_bytes(blob)
+        with open(tmp / "shard.bin", "wb") as fh:
+            for f in sorted(tiny.iterdir()):
+                fh.write(f.read_bytes())
+    c = {"_cpu": True}
+    return [
+        Case("inloop-loading", "cpu", "dataloader.starved", {**c, "num_workers": 0, "sample_work": 1500},
+             "num_workers=0, 1500 Python iterations per sample (decode stand-in)"),
+        Case("one-slow-worker", "cpu", "dataloader.starved", {**c, "num_workers": 1, "sample_work": 4000},
+             "1 worker whose batches take longer than the step"),
+        Case("workers-recreated", "cpu", "dataloader.starved",
+             {**c, "num_workers": 1, "sample_work": 300, "epoch_samples": 192},
+             "1 non-persistent worker, 6 batches an epoch: workers re-created every epoch"),
+        Case("gil-spinner", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True},
+             "a background thread spinning in pure Python"),
+        Case("gil-bursts", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True, "gil_pause_ms": 1.0},
+             "a background thread holding the GIL in bursts with 1 ms pauses"),
+        Case("threads-oversubscribed", "cpu", "cpu.oversubscribed", {**c, "sample_work": 0, "threads": 16},
+             "16 intra-op threads beside a busy process", competitors=1),
+        Case("workers-oversubscribed", "cpu", "cpu.oversubscribed",
+             {**c, "num_workers": 6, "sample_work": 150, "threads": 2},
+             "6 worker processes and 2 intra-op threads on the CPUs"),
+        Case("small-files", "cpu", "io.small_reads",
+             {**c, "sample_work": 0, "num_workers": 1, "files_per_sample": 64, "small_files": str(tiny),
+              "_shard": str(tmp / "shard.bin"), "record_bytes": 256},
+             "64 files of 256 bytes per sample, 1 worker"),
+        Case("healthy-in-memory", "cpu", "compute.bound", {**c, "sample_work": 0}, "data in memory", healthy=True),
+        Case("healthy-wide", "cpu", "compute.bound", {**c, "sample_work": 0, "width": 2048},
+             "data in memory, a wider model", healthy=True),
+        Case("healthy-fixed-loader", "cpu", "compute.bound",
+             {**c, "num_workers": 1, "sample_work": 100, "persistent_workers": True},
+             "1 persistent worker that keeps up (the demo's fixed job)", healthy=True),
+    ]
+
+
+def gpu_cases() -> list[Case]:
+    return [
+        Case("timm-starved", "gpu", "dataloader.starved",
+             {"job": "timm", "num_workers": 2, "pin_memory": False, "persistent_workers": False, "batch_size": 128},
+             "timm resnet50 (create_model, create_optimizer_v2) on torchvision FakeData, 2 workers"),
+        Case("timm-item", "gpu", "host.sync",
+             {"job": "timm", "num_workers": 14, "pin_memory": True, "persistent_workers": True, "batch_size": 128,
+              "model": "resnet18", "item_every": 1},
+             "timm resnet18, 14 workers, loss.item() every step"),
+        Case("hf-trainer-tokenize", "gpu", "dataloader.starved",
+             {"job": "hf", "num_workers": 0, "pin_memory": True, "persistent_workers": False, "batch_size": 32},
+             "transformers Trainer, BERT from config, tokenizing in __getitem__, num_workers=0"),
+        Case("lightning-starved", "gpu", "dataloader.starved",
+             {"job": "lightning", "num_workers": 2, "pin_memory": False, "persistent_workers": False,
+              "batch_size": 64},
+             "Lightning Trainer, a LightningModule over a decode-heavy Dataset, 2 workers"),
+        Case("gan-recreated", "gpu", "dataloader.starved",
+             {"job": "gan", "num_workers": 2, "pin_memory": False, "persistent_workers": False, "batch_size": 64,
+              "epoch_samples": 1000},
+             "DCGAN-style loop on 1000-sample FakeData (16 steps an epoch), 2 non-persistent workers"),
+        Case("launch-bound", "gpu", "host.launch_bound",
+             {"job": "tiny", "item_every": 1}, "16-layer 256-wide MLP, batch 32, loss.item() every step"),
+        Case("pageable", "gpu", "h2d.pageable",
+             {"job": "h2d", "pin_memory": False, "non_blocking": False},
+             "512x3x224x224 batches copied from pageable memory"),
+        Case("healthy-gpu", "gpu", "compute.bound", {"job": "big"}, "data on the GPU, a large MLP", healthy=True),
+    ]
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+class Job:
+    def __init__(self, argv: list[str], competitors: int = 0):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env, start_new_session=True)
+        self.busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(competitors)]
+        self.points: list[tuple[float, int]] = []
+        self.tail: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.tail = (self.tail + [line])[-30:]
+            if line.startswith("PROGRESS"):
+                kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+                self.points.append((float(kv["t"]), int(kv["steps"])))
+
+    def wait_ready(self, n: int = 3, timeout: float = 300) -> None:
+        t = time.monotonic()
+        while len(self.points) < n:
+            if self.proc.poll() is not None or time.monotonic() - t > timeout:
+                self.stop()
+                raise RuntimeError("job failed to start:\n" + "".join(self.tail))
+            time.sleep(0.1)
+
+    def rate(self, seconds: float) -> float:
+        t0 = time.time()
+        time.sleep(seconds)
+        pts = [p for p in self.points if p[0] >= t0]
+        if len(pts) < 2:
+            raise RuntimeError("too few progress lines in the window:\n" + "".join(self.tail))
+        (a, na), (b, nb) = pts[0], pts[-1]
+        return (nb - na) / (b - a)
+
+    def stop(self) -> None:
+        for p in self.busy:
+            p.kill()
+            p.wait()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+def argv_of(case: Case, knobs: dict[str, Any]) -> list[str]:
+    return cpu_argv(knobs) if case.kind == "cpu" else gpu_argv(knobs)
+
+
+def measure(case: Case, knobs: dict[str, Any], seconds: float) -> float:
+    job = Job(argv_of(case, knobs), knobs.get("_competitors", case.competitors))
+    try:
+        job.wait_ready()
+        return job.rate(seconds)
+    finally:
+        job.stop()
+
+
+def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> dict[str, Any]:
+    job = Job(argv_of(case, case.knobs), case.competitors)
+    try:
+        job.wait_ready()
+        bundle = out / "bundles" / f"{case.name}.tar.gz"
+        r = subprocess.run([PY, "-m", "agent", "diagnose", "--pid", str(job.proc.pid), "--duration", str(duration),
+                            "--json", "--save", str(bundle), *extra], cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 180)
+        if r.returncode != 0:
+            raise RuntimeError(f"diagnose exited {r.returncode}: {r.stderr[-2000:]}")
+        (out / "reports").mkdir(parents=True, exist_ok=True)
+        (out / "reports" / f"{case.name}.json").write_text(r.stdout)
+        return json.loads(r.stdout)
+    finally:
+        job.stop()
+
+
+def fix_knobs(finding: dict[str, Any]) -> dict[str, Any]:
+    k: dict[str, Any] = {}
+    for fx in finding.get("fixes") or []:
+        for key, v in (fx.get("knobs") or {}).items():
+            k.setdefault(key, v)
+    return k
+
+
+def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, extra: list[str]) -> dict[str, Any]:
+    t0 = time.time()
+    rep = diagnose(case, out, duration, extra)
+    fs = rep.get("findings") or []
+    row: dict[str, Any] = {
+        "case": case.name, "kind": case.kind, "what": case.what, "expect": case.expect, "healthy": case.healthy,
+        "knobs_before": {k: v for k, v in case.knobs.items() if not k.startswith("_")},
+        "findings": [{"id": f["id"], "expected_speedup": f["expected_speedup"],
+                      "interval": f.get("expected_speedup_interval"), "confidence": f["confidence"]} for f in fs],
+        "top": fs[0]["id"] if fs else None, "headline": rep.get("headline"),
+    }
+    row["top_correct"] = row["top"] == case.expect or (case.healthy and (row["top"] in (None, "compute.bound")))
+    if case.healthy:
+        row["max_speedup"] = max((f["expected_speedup"] for f in fs if f["id"] != "compute.bound"), default=1.0)
+        row["ok"] = row["top_correct"] and row["max_speedup"] <= HEALTHY_MAX
+        row["seconds"] = round(time.time() - t0, 1)
+        return row
+    f = next((x for x in fs if x["id"] == case.expect), fs[0] if fs else None)
+    if f is None:
+        row.update(ok=False, reason="no finding")
+        return row
+    knobs = fix_knobs(f)
+    after = (case.apply or apply_knobs)(case.knobs, knobs)
+    row.update(finding=f["id"], predicted=f["expected_speedup"], interval=f.get("expected_speedup_interval"),
+               fix_knobs=knobs, knobs_after={k: v for k, v in after.items() if not k.startswith("_")},
+               fix_text=[fx.get("change") for fx in f.get("fixes") or []])
+    if after == case.knobs:
+        row.update(ok=False, reason="the fix changes no knob of this job")
+        return row
+    before_r, after_r, ratios = [], [], []
+    for _ in range(reps):
+        b = measure(case, case.knobs, seconds)
+        a = measure(case, after, seconds)
+        before_r.append(round(b, 3))
+        after_r.append(round(a, 3))
+        ratios.append(a / b)
+    med = statistics.median(ratios)
+    lo, hi = row["interval"] or (row["predicted"], row["predicted"])
+    row.update(before=before_r, after=after_r, ratios=[round(x, 3) for x in ratios], measured=round(med, 3),
+               measured_min=round(min(ratios), 3), measured_max=round(max(ratios), 3),
+               log_error=round(math.log(row["predicted"] / med), 3), in_interval=lo <= med <= hi,
+               within_band=0.8 <= row["predicted"] / med <= 1.25)
+    row["ok"] = row["top_correct"] and row["in_interval"] and row["within_band"]
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+# -- the docs page -------------------------------------------------------------------------------
+
+def render(ledgers: list[dict[str, Any]]) -> str:
+    out = ["# Validation ledger", "",
+           "Each row: a job with one bottleneck, `trainprobe diagnose` run on it, the fix it printed applied",
+           "exactly (the `knobs` of the finding's fixes), and the job's throughput measured before and after",
+           "in interleaved repetitions. `measured` is the median ratio (after/before), with the range over",
+           "the repetitions; `interval` is the finding's `expected_speedup_interval`. Generated by",
+           "`benchmarks/ledger.py` from the raw JSON beside it (`docs/ledger/`); do not edit by hand.", ""]
+    for led in ledgers:
+        m = led["meta"]
+        out += [f"## {m['kind'].upper()}: {m['host']}", "",
+                f"`{m['command']}` ({m['cpus']} CPUs{', ' + m['gpu'] if m.get('gpu') else ''}; {m['reps']} "
+                f"repetitions of {m['seconds']:g} s; diagnosis window {m['duration']:g} s; {m['wall_s']:.0f} s "
+                f"in all; {m['when']})", ""]
+        out += ["| job | top finding | predicted | interval | measured (range) | pred/meas | fix applied | ok |",
+                "|---|---|---|---|---|---|---|---|"]
+        errs = []
+        for r in led["rows"]:
+            if r.get("error"):
+                out.append(f"| {r['case']} | error | | | | | {r['error'][:80]} | no |")
+                continue
+            if r["healthy"]:
+                out.append(f"| {r['case']}: {r['what']} | {r['top']} | max {r['max_speedup']:.2f}x | | | | "
+                           f"(healthy) | {'yes' if r['ok'] else 'no'} |")
+                continue
+            if "measured" not in r:
+                out.append(f"| {r['case']}: {r['what']} | {r['top']} | {r.get('predicted', '-')} | | | | "
+                           f"{r.get('reason', '')} | no |")
+                continue
+            errs.append(abs(r["log_error"]))
+            iv = r["interval"] or [r["predicted"]] * 2
+            knobs = ", ".join(f"{k}={v}" for k, v in r["fix_knobs"].items())
+            out.append(f"| {r['case']}: {r['what']} | {r['top']} | {r['predicted']:.2f}x | {iv[0]:.2f}-{iv[1]:.2f}x "
+                       f"| {r['measured']:.2f}x ({r['measured_min']:.2f}-{r['measured_max']:.2f}) | "
+                       f"{r['predicted'] / r['measured']:.2f} | {knobs} | {'yes' if r['ok'] else 'no'} |")
+        rows = [r for r in led["rows"] if not r.get("error")]
+        top_ok = sum(1 for r in rows if r.get("top_correct"))
+        out += ["", f"Top-1 correct: {top_ok} of {len(led['rows'])}. "
+                    + (f"Median |log(predicted/measured)|: {statistics.median(errs):.3f}. " if errs else "")
+                    + f"Healthy jobs with a finding above {HEALTHY_MAX}x: "
+                    + str(sum(1 for r in rows if r['healthy'] and r['max_speedup'] > HEALTHY_MAX)) + ".", ""]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=("cpu", "gpu"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all of the kind)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (cpu 4, gpu 6)")
+    ap.add_argument("--duration", type=float, default=None, help="diagnosis window (cpu 4, gpu 6)")
+    ap.add_argument("--budget", type=float, default=None, help="no case starts after this many seconds")
+    ap.add_argument("--dry-run", action="store_true", help="print each case's argv before and the plan; run nothing")
+    ap.add_argument("--docs", action="store_true", help="also write docs/ledger.md from every ledger JSON under --out")
+    ap.add_argument("--render", nargs="*", default=None, help="write docs/ledger.md from these ledger JSON files")
+    ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
+    a = ap.parse_args()
+    if a.render is not None:
+        led = [json.loads(Path(p).read_text()) for p in a.render]
+        (REPO / "docs" / "ledger.md").write_text(render(led))
+        print(REPO / "docs" / "ledger.md")
+        return 0
+    if not a.kind:
+        ap.error("--kind is required")
+    seconds = a.seconds or (4.0 if a.kind == "cpu" else 6.0)
+    duration = a.duration or (4.0 if a.kind == "cpu" else 6.0)
+    budget = a.budget or (720.0 if a.kind == "cpu" else 540.0)
+    out = Path(a.out or os.environ.get("OUT") or f"ledger-{a.kind}-out")
+    tmp = Path(tempfile.mkdtemp(prefix="trainprobe-ledger-"))
+    cases = cpu_cases(tmp) if a.kind == "cpu" else gpu_cases()
+    if a.cases:
+        want = set(a.cases.split(","))
+        cases = [c for c in cases if c.name in want]
+    if a.dry_run:
+        for c in cases:
+            print(f"{c.name}: expect {c.expect}; {c.what}\n  $ {' '.join(argv_of(c, c.knobs))}")
+        est = sum((14 + duration) + (0 if c.healthy else a.reps * 2 * (seconds + 6)) for c in cases)
+        print(f"{len(cases)} cases, about {est / 60:.0f} min")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    rows = []
+    for c in cases:
+        if time.time() - t_start > budget:
+            rows.append({"case": c.name, "error": "skipped: over the time budget", "healthy": c.healthy})
+            continue
+        print(f"[ledger {time.strftime('%H:%M:%S')}] {c.name}", file=sys.stderr, flush=True)
+        try:
+            rows.append(run_case(c, out, a.reps, seconds, duration, a.diagnose_args))
+        except Exception as exc:  # noqa: BLE001 - one broken case never sinks the ledger
+            rows.append({"case": c.name, "error": f"{type(exc).__name__}: {exc}"[:2000], "healthy": c.healthy})
+        r = rows[-1]
+        print(f"  -> top {r.get('top')} predicted {r.get('predicted')} measured {r.get('measured')} "
+              f"ok {r.get('ok')} {r.get('error', '')[:200]}", file=sys.stderr, flush=True)
+    gpu = None
+    if a.kind == "gpu":
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True).stdout.strip().splitlines()[0]
+        except (OSError, IndexError):
+            gpu = None
+    led = {"meta": {"kind": a.kind, "host": os.uname().nodename, "cpus": len(os.sched_getaffinity(0)), "gpu": gpu,
+                    "reps": a.reps, "seconds": seconds, "duration": duration, "wall_s": time.time() - t_start,
+                    "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "command": "python benchmarks/ledger.py " + " ".join(sys.argv[1:])},
+           "rows": rows}
+    path = out / f"ledger-{a.kind}.json"
+    path.write_text(json.dumps(led, indent=1))
+    print(render([led]))
+    if a.docs:
+        leds = [json.loads(p.read_text()) for p in sorted(out.glob("ledger-*.json"))]
+        (REPO / "docs" / "ledger.md").write_text(render(leds))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
