@@ -37,6 +37,7 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 # The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
 HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
+MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
@@ -58,8 +59,18 @@ def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple
     return w, times[w]
 
 
+def _spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
+    """Cores the DataLoader workers kept busy, from py-spy's samples of them (0 when unknown)."""
+    if not window_s:
+        return 0.0
+    busy = sum(float(w.get("seconds") or 0.0) * (1.0 - float((w.get("breakdown") or {}).get("idle", 0.0)))
+               for w in workers.get("per_worker") or [])
+    return busy / window_s
+
+
 def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: float, f_load: float, w_now: int,
-                  facts: list[Fact]) -> dict[str, Any]:
+                  facts: list[Fact], spy_workers: dict[str, Any] | None = None,
+                  tt_seconds: float = 0.0) -> dict[str, Any]:
     """C, D, U, P for one training process (the target, or one rank) from the process evidence."""
     proc = ev.get("process")
     c = max(1.0 - f, 0.02)
@@ -80,6 +91,9 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
         live = max(alive_end, alive_start)
         w_now = live if w_proc else w_now
         worker_cores = sum(x["cpu_cores"] for x in w_proc)
+        # Workers that lived only part of the window (re-created each epoch) are missing from the
+        # process probe's start/end readings; py-spy sampled them while they lived.
+        worker_cores = max(worker_cores, _spy_worker_cores(spy_workers or {}, tt_seconds))
         main_cores = float(me.get("cpu_cores") or 0.0)
         u = main_cores + worker_cores if n_trainers > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
         d = worker_cores + f_load if w_now else f_load * HANDOFF_K[1]
@@ -197,7 +211,8 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     if workers_spy.get("count") and worker_top:
         facts.append(Fact("pyspy", "hottest worker stack: " + " > ".join(worker_top[0]["stack"][-3:]),
                           worker_top[0]["fraction"]))
-    m = _model_inputs(ev, worst["pid"], len(ranks), f, f_load, int(workers_spy.get("count") or 0), facts)
+    m = _model_inputs(ev, worst["pid"], len(ranks), f, f_load, int(workers_spy.get("count") or 0), facts,
+                      workers_spy, float(tt.get("seconds") or 0.0))
     c, d, u, p, w_now = m["c"], m["d"], m["u"], m["p"], m["w_now"]
     recreated = m["recreated"] or tt.get("worker_startup_seconds", 0) > 0
     if tt.get("worker_startup_seconds", 0) > 0:
@@ -232,12 +247,28 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     fixes: list[Fix] = []
     kwargs: dict[str, Any] = {}
     interval = None
+    churn_bound = None
     if settings_help:
         w_prop = max(w_best, w_now)
         t_mid = t_best if more else step_time(w_now, c, d, u, p)
         w_eval = w_prop
         speedup = 1.0 / t_mid
         interval = (1.0 / step_time(w_eval, c, d * k_hi, u, p), 1.0 / step_time(w_eval, c, d * k_lo, u, p))
+        if recreated and not more:
+            # Only the re-creation goes: the loop's time starting workers (py-spy: in
+            # _MultiProcessingDataLoaderIter.__init__) and joining them at each epoch's end.
+            s_start = min(float(tt.get("worker_startup_seconds") or 0.0) / max(float(tt.get("seconds") or 0.0), 1e-6),
+                          f)
+            s_stop = min(sum(x["fraction"] for x in top_tt.get("data_wait") or []
+                             if any("_shutdown_workers" in fr for fr in x["stack"])), f - s_start)
+            churn = s_start + s_stop
+            if churn > 0:
+                speedup = 1.0 / (1.0 - churn)
+                interval = (1.0 / (1.0 - 0.5 * churn), 1.0 / (1.0 - churn - 0.5 * (f - churn)))
+                facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(churn, 3)))
+                churn_bound = (f"workers re-created each epoch: the loop spends s={churn:.2f} starting and joining them "
+                               f"(py-spy); persistent workers remove it: 1/(1-s)={speedup:.2f}x, between half of s "
+                               f"and s plus half the rest of the data wait (f={f:.2f}); an estimate")
         if more:
             kwargs["num_workers"] = w_prop
         if m["uses_cuda"] and not pinned_now:
@@ -265,6 +296,7 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
                  f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
                  f"{HEADROOM:g}x headroom over the fewest workers that reach the best step; an estimate")
+        bound = churn_bound or bound
     else:
         # The CPUs are the limit: more workers would only queue for the same cores.
         w_prop = w_now
@@ -275,7 +307,7 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  (worker_top[0]["stack"][-1] if worker_top else "the dataset's __getitem__"))
         fixes.append(Fix("The CPUs are the limit: make each sample cheaper to produce",
                          change=f"speed up {where}: cache decoded samples, move augmentation to the GPU, "
-                                "or give this job more CPUs"))
+                                "or give this job more CPUs", knobs={"sample_cost_factor": 0.5}))
         bound = (f"f={f:.2f}; {w_now} workers already fill the {p:g} CPUs ({cpu_note}); if a sample cost half "
                  f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
     ceiling = _gpu_ceiling(ev)
@@ -292,6 +324,12 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
             interval = (min(lo, gpu_speedup), hi)
             bound += (f"; the GPU idled {x_gpu:.2f} of the time while the loop fetched data (1/(1-x)="
                       f"{gpu_speedup:.2f}x): estimate is the geometric mean of the two")
+    if interval is not None:
+        # The shares the model starts from are sampled (py-spy) and windowed (/proc): never narrower
+        # than MIN_BAND around the estimate; wider when short-lived workers hid their CPU time.
+        band = MIN_BAND if not recreated else 0.35
+        interval = (min(interval[0], 1.0 + (speedup - 1.0) / math.exp(band)),
+                    max(interval[1], 1.0 + (speedup - 1.0) * math.exp(band)))
     conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
     title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
              else f"The training loop waits on the DataLoader {pct(f)} of the time")

@@ -18,6 +18,8 @@ it (a GIL hand-over wakes the waiter from the holder's thread).
 """
 from __future__ import annotations
 
+import math
+
 from agent.combiners.gil_wait import gil_wait, suspects
 from agent.evidence import Evidence
 from agent.findings import Fact, Finding, Fix, pct
@@ -67,11 +69,11 @@ def gil_contention(ev: Evidence) -> Finding | None:
     speedup = 1.0 / (1.0 - min(g, 0.95))
     interval = None
     cpu_g = gil_wait(ev)
-    if cpu_g is not None and cpu_g["g"] > g:
+    if cpu_g is not None:
         # The sampler sees the waits it happens to catch; the training thread's lost CPU time counts
         # every one of them (a holder that hands the GIL over in short bursts hides from the dumps).
-        g = cpu_g["g"]
-        speedup, interval = _gain(cpu_g)
+        g = max(g, cpu_g["g"])
+        speedup, interval = _gain({**cpu_g, "g": g})
         facts.append(Fact("process", "share of the window the training thread was in Python or torch code but "
                                      "neither on a CPU nor waiting for one", g))
     conf = "high" if (n >= 20 and corroborated) else ("medium" if n >= 10 else "low")
@@ -94,15 +96,22 @@ GIL_SHARE = 0.10              # the default-run estimate must reach this share t
 
 
 def _gain(m: dict) -> tuple[float, tuple[float, float]]:
-    g, e = m["g"], m["g_err"]
-    gain = 1.0 / (1.0 - min(g, 0.97))
-    return gain, (1.0 / (1.0 - max(0.0, min(g - e, 0.97))), 1.0 / (1.0 - min(g + e, 0.97)))
+    """1/(1-g) counts the GIL waits alone; a holder that spins also takes a CPU, so part of the
+    training thread's run-queue share r goes with it: 1/(1-g-r) if all of it does. The estimate is
+    the geometric mean of the two, the interval spans them with g's error (docs/models.md)."""
+    g, e, r = m["g"], m["g_err"], m.get("r", 0.0)
+    lo = 1.0 / (1.0 - max(0.0, min(g - e, 0.97)))
+    hi = 1.0 / (1.0 - min(g + r + e, 0.97))
+    gain = math.sqrt(1.0 / (1.0 - min(g, 0.97)) * 1.0 / (1.0 - min(g + r, 0.97)))
+    return gain, (lo, hi)
 
 
 @rule("gil.contention", requires=("pyspy", "process"), uses=("gil",),
       description="the training thread is off-CPU inside Python code while another Python thread is busy "
                   "(py-spy stacks against /proc CPU time; default run)")
 def gil_from_cpu_time(ev: Evidence) -> Finding | None:
+    if ev.has("gil"):
+        return None           # the sampler's rule names the holder and reads the same CPU time
     m = gil_wait(ev)
     if m is None or not m["suspects"]:
         return None
@@ -127,7 +136,7 @@ def gil_from_cpu_time(ev: Evidence) -> Finding | None:
             change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
     ]
     bound = (f"g=b-c-r={m['b']:.2f}-{m['c']:.2f}-{m['r']:.2f}={m['g']:.2f} of the window the training thread was "
-             f"blocked inside Python code while '{name}' ran; with the GIL free it runs then: 1/(1-g)={speedup:.2f}x "
+             f"blocked inside Python code while '{name}' ran; with the GIL free it runs then, and the holder's CPU is freed: sqrt(1/(1-g) * 1/(1-g-r))={speedup:.2f}x "
              f"(estimate; g +-{m['g_err']:.2f})")
     conf = "medium" if m["samples"] >= 50 else "low"
     title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time while thread '{name}' "
