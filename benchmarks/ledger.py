@@ -5,7 +5,8 @@ For each workload variant of a machine kind it starts the job, runs
 `python -m agent diagnose --pid PID --duration D --json --save BUNDLE` on it, reads the top
 finding and the machine-readable `knobs` of its fixes (the same settings its text prints), applies
 exactly those knobs to the job, and measures before/after throughput in interleaved repetitions
-(before, after, before, after, ...; median and spread of the per-repetition ratios). Healthy
+(before, after, before, after, ...; median and spread of the per-repetition ratios): each job
+starts once and is paused with SIGSTOP (its workers too) while the other is timed. Healthy
 variants are diagnosed only: they must give no finding above 1.2x.
 
     python benchmarks/ledger.py --kind cpu --out DIR            # this machine's CPU jobs (~10 min)
@@ -52,6 +53,7 @@ class Case:
     apply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None   # knobs, fix knobs -> knobs
     note: str = ""
     reference: dict[str, Any] | None = None   # knobs of the known fix: measured when no finding gives one
+    diagnose_args: tuple[str, ...] = ()       # beyond the default run (io.small_reads needs --deep's syscalls)
 
 
 # -- jobs ----------------------------------------------------------------------------------------
@@ -117,23 +119,24 @@ def cpu_cases(tmp: Path) -> list[Case]:
         Case("inloop-loading", "cpu", "dataloader.starved", {**c, "num_workers": 0, "sample_work": 1500},
              "num_workers=0, 1500 Python iterations per sample (decode stand-in)"),
         Case("one-slow-worker", "cpu", "dataloader.starved", {**c, "num_workers": 1, "sample_work": 4000},
-             "1 worker whose batches take longer than the step"),
+             "1 worker whose batches take longer than the step (2 CPUs: more workers do not fit)"),
         Case("workers-recreated", "cpu", "dataloader.starved",
              {**c, "num_workers": 1, "sample_work": 300, "epoch_samples": 192},
              "1 non-persistent worker, 6 batches an epoch: workers re-created every epoch"),
         Case("gil-spinner", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True},
              "a background thread spinning in pure Python", reference={"gil_spinner": False}),
-        Case("gil-bursts", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True, "gil_pause_ms": 1.0},
-             "a background thread holding the GIL in bursts with 1 ms pauses", reference={"gil_spinner": False}),
+        Case("gil-bursts", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True, "gil_pause_ms": 0.5},
+             "a background thread holding the GIL in bursts with 0.5 ms pauses", reference={"gil_spinner": False}),
         Case("threads-oversubscribed", "cpu", "cpu.oversubscribed", {**c, "sample_work": 0, "threads": 16},
              "16 intra-op threads beside a busy process", competitors=1),
         Case("workers-oversubscribed", "cpu", "cpu.oversubscribed",
-             {**c, "num_workers": 6, "sample_work": 150, "threads": 2},
-             "6 worker processes and 2 intra-op threads on the CPUs"),
+             {**c, "num_workers": 3, "sample_work": 150, "threads": 4},
+             "3 worker processes beside 4 intra-op threads on the CPUs", reference={"num_workers": 1, "threads": 1}),
         Case("small-files", "cpu", "io.small_reads",
              {**c, "sample_work": 0, "num_workers": 1, "files_per_sample": 64, "small_files": str(tiny),
               "_shard": str(tmp / "shard.bin"), "record_bytes": 256},
-             "64 files of 256 bytes per sample, 1 worker"),
+             "64 files of 256 bytes per sample, 1 worker (diagnosed with --deep: the syscall probe)",
+             diagnose_args=("--deep",), reference={"small_files": None, "shard": str(tmp / "shard.bin")}),
         Case("healthy-in-memory", "cpu", "compute.bound", {**c, "sample_work": 0}, "data in memory", healthy=True),
         Case("healthy-wide", "cpu", "compute.bound", {**c, "sample_work": 0, "width": 2048},
              "data in memory, a wider model", healthy=True),
@@ -208,12 +211,26 @@ class Job:
         (a, na), (b, nb) = pts[0], pts[-1]
         return (nb - na) / (b - a)
 
+    def pause(self) -> None:
+        """SIGSTOP the job's whole process group (loop and workers) and its competitors."""
+        for pid in [p.pid for p in self.busy]:
+            os.kill(pid, 19)
+        os.killpg(self.proc.pid, 19)
+
+    def resume(self, settle: float) -> None:
+        os.killpg(self.proc.pid, 18)
+        for pid in [p.pid for p in self.busy]:
+            os.kill(pid, 18)
+        time.sleep(settle)      # queues filled before the pause drain first: not measured
+
     def stop(self) -> None:
         for p in self.busy:
+            os.kill(p.pid, 18)
             p.kill()
             p.wait()
         if self.proc.poll() is None:
             try:
+                os.killpg(self.proc.pid, 18)
                 os.killpg(self.proc.pid, 15)
             except ProcessLookupError:
                 pass
@@ -228,31 +245,46 @@ def argv_of(case: Case, knobs: dict[str, Any]) -> list[str]:
     return cpu_argv(knobs) if case.kind == "cpu" else gpu_argv(knobs)
 
 
-def measure(case: Case, knobs: dict[str, Any], seconds: float) -> float:
-    job = Job(argv_of(case, knobs), knobs.get("_competitors", case.competitors))
+def interleaved(case: Case, before: "Job", after_knobs: dict[str, Any], reps: int, seconds: float,
+                settle: float) -> tuple[list[float], list[float]]:
+    """Rates of the job before and after the fix, alternating: each job starts once and is paused
+    (SIGSTOP, workers and competitors too) while the other one is measured."""
+    before.pause()
+    after = Job(argv_of(case, after_knobs), after_knobs.get("_competitors", case.competitors))
     try:
-        job.wait_ready()
-        return job.rate(seconds)
+        after.wait_ready()
+        after.pause()
+        b_r, a_r = [], []
+        for _ in range(reps):
+            before.resume(settle)
+            b_r.append(before.rate(seconds))
+            before.pause()
+            after.resume(settle)
+            a_r.append(after.rate(seconds))
+            after.pause()
+        return b_r, a_r
     finally:
-        job.stop()
+        after.stop()
 
 
-def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> dict[str, Any]:
+def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> tuple[dict[str, Any], Job]:
+    """The diagnosis of the job before the fix, and the job itself, still running."""
     job = Job(argv_of(case, case.knobs), case.competitors)
     try:
         job.wait_ready()
         (out / "bundles").mkdir(parents=True, exist_ok=True)
         bundle = out / "bundles" / f"{case.name}.tar.gz"
         r = subprocess.run([PY, "-m", "agent", "diagnose", "--pid", str(job.proc.pid), "--duration", str(duration),
-                            "--json", "--save", str(bundle), *extra], cwd=REPO, capture_output=True, text=True,
+                            "--json", "--save", str(bundle), *case.diagnose_args, *extra], cwd=REPO, capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 180)
         if r.returncode != 0:
             raise RuntimeError(f"diagnose exited {r.returncode}: {r.stderr[-2000:]}")
         (out / "reports").mkdir(parents=True, exist_ok=True)
         (out / "reports" / f"{case.name}.json").write_text(r.stdout)
-        return json.loads(r.stdout)
-    finally:
+        return json.loads(r.stdout), job
+    except BaseException:
         job.stop()
+        raise
 
 
 def fix_knobs(finding: dict[str, Any]) -> dict[str, Any]:
@@ -263,9 +295,18 @@ def fix_knobs(finding: dict[str, Any]) -> dict[str, Any]:
     return k
 
 
-def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, extra: list[str]) -> dict[str, Any]:
+def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, extra: list[str],
+             settle: float = 1.0) -> dict[str, Any]:
     t0 = time.time()
-    rep = diagnose(case, out, duration, extra)
+    rep, job = diagnose(case, out, duration, extra)
+    try:
+        return _run_case(case, rep, job, reps, seconds, settle, t0)
+    finally:
+        job.stop()
+
+
+def _run_case(case: Case, rep: dict[str, Any], job: Job, reps: int, seconds: float, settle: float,
+              t0: float) -> dict[str, Any]:
     fs = rep.get("findings") or []
     row: dict[str, Any] = {
         "case": case.name, "kind": case.kind, "what": case.what, "expect": case.expect, "healthy": case.healthy,
@@ -286,7 +327,8 @@ def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, 
         row.update(ok=False, reason=f"no {case.expect} finding")
         if case.reference:
             ref = {**case.knobs, **case.reference}
-            ratios = [measure(case, ref, seconds) / measure(case, case.knobs, seconds) for _ in range(reps)]
+            b_r, a_r = interleaved(case, job, ref, reps, seconds, settle)
+            ratios = [a / b for a, b in zip(a_r, b_r)]
             row.update(reference_knobs=case.reference, reference_ratios=[round(x, 3) for x in ratios],
                        reference_measured=round(statistics.median(ratios), 3))
             if row["reference_measured"] < 1.1 and row["top"] in (None, "compute.bound"):
@@ -300,13 +342,9 @@ def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, 
     if after == case.knobs:
         row.update(ok=False, reason="the fix changes no knob of this job")
         return row
-    before_r, after_r, ratios = [], [], []
-    for _ in range(reps):
-        b = measure(case, case.knobs, seconds)
-        a = measure(case, after, seconds)
-        before_r.append(round(b, 3))
-        after_r.append(round(a, 3))
-        ratios.append(a / b)
+    b_r, a_r = interleaved(case, job, after, reps, seconds, settle)
+    before_r, after_r = [round(x, 3) for x in b_r], [round(x, 3) for x in a_r]
+    ratios = [a / b for a, b in zip(a_r, b_r)]
     med = statistics.median(ratios)
     lo, hi = row["interval"] or (row["predicted"], row["predicted"])
     row.update(before=before_r, after=after_r, ratios=[round(x, 3) for x in ratios], measured=round(med, 3),
@@ -370,9 +408,10 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all of the kind)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (cpu 4, gpu 6)")
-    ap.add_argument("--duration", type=float, default=None, help="diagnosis window (cpu 4, gpu 6)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (cpu 4, gpu 4)")
+    ap.add_argument("--duration", type=float, default=None, help="diagnosis window (cpu 4, gpu 5)")
     ap.add_argument("--budget", type=float, default=None, help="no case starts after this many seconds")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds after a job resumes before it is timed")
     ap.add_argument("--dry-run", action="store_true", help="print each case's argv before and the plan; run nothing")
     ap.add_argument("--docs", action="store_true", help="also write docs/ledger.md from every ledger JSON under --out")
     ap.add_argument("--render", nargs="*", default=None, help="write docs/ledger.md from these ledger JSON files")
@@ -385,8 +424,8 @@ def main() -> int:
         return 0
     if not a.kind:
         ap.error("--kind is required")
-    seconds = a.seconds or (4.0 if a.kind == "cpu" else 6.0)
-    duration = a.duration or (4.0 if a.kind == "cpu" else 6.0)
+    seconds = a.seconds or 4.0
+    duration = a.duration or (4.0 if a.kind == "cpu" else 5.0)
     budget = a.budget or (720.0 if a.kind == "cpu" else 540.0)
     out = Path(a.out or os.environ.get("OUT") or f"ledger-{a.kind}-out")
     tmp = Path(tempfile.mkdtemp(prefix="trainprobe-ledger-"))
@@ -397,7 +436,9 @@ def main() -> int:
     if a.dry_run:
         for c in cases:
             print(f"{c.name}: expect {c.expect}; {c.what}\n  $ {' '.join(argv_of(c, c.knobs))}")
-        est = sum((14 + duration) + (0 if c.healthy else a.reps * 2 * (seconds + 6)) for c in cases)
+        start = 10 if a.kind == "cpu" else 30
+        est = sum(start + duration + 10 + (0 if c.healthy else start + a.reps * 2 * (seconds + a.settle))
+                  for c in cases)
         print(f"{len(cases)} cases, about {est / 60:.0f} min")
         shutil.rmtree(tmp, ignore_errors=True)
         return 0
@@ -410,7 +451,7 @@ def main() -> int:
             continue
         print(f"[ledger {time.strftime('%H:%M:%S')}] {c.name}", file=sys.stderr, flush=True)
         try:
-            rows.append(run_case(c, out, a.reps, seconds, duration, a.diagnose_args))
+            rows.append(run_case(c, out, a.reps, seconds, duration, a.diagnose_args, a.settle))
         except Exception as exc:  # noqa: BLE001 - one broken case never sinks the ledger
             rows.append({"case": c.name, "error": f"{type(exc).__name__}: {exc}"[:2000], "healthy": c.healthy})
         r = rows[-1]
@@ -429,8 +470,16 @@ def main() -> int:
                     "command": "python benchmarks/ledger.py " + " ".join(sys.argv[1:])},
            "rows": rows}
     path = out / f"ledger-{a.kind}.json"
+    if path.exists() and a.cases:
+        # A run of some cases (a GPU ledger in two calls) replaces those rows of the earlier run.
+        old = json.loads(path.read_text())
+        mine = {r["case"] for r in rows}
+        led["rows"] = [r for r in old["rows"] if r["case"] not in mine] + rows
+        led["meta"]["wall_s"] += old["meta"].get("wall_s", 0.0)
+        led["meta"]["command"] = old["meta"]["command"] + "; " + led["meta"]["command"]
     path.write_text(json.dumps(led, indent=1))
     print(render([led]))
+    rows = led["rows"]
     if a.docs:
         leds = [json.loads(p.read_text()) for p in sorted(out.glob("ledger-*.json"))]
         (REPO / "docs" / "ledger.md").write_text(render(leds))

@@ -37,13 +37,18 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 # The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
 HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
+# Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
+BETA = (0.0, 0.25, 0.7)       # (none, middle, high)
+CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
 
-def step_time(w: int, c: float, d: float, u: float, p: float) -> float:
-    return max(c, d / max(w, 1), u / p if p > 0 else 0.0)
+def step_time(w: int, c: float, d: float, u: float, p: float, beta: float = 0.0) -> float:
+    """Step time with w workers; the loop's own time grows by beta * w / p as workers share its CPUs."""
+    c_w = c * (1.0 + beta * w / p) if p > 0 else c
+    return max(c_w, d / max(w, 1), u / p if p > 0 else 0.0)
 
 
 def max_workers(p: float, rest_cores: float = 0.0) -> int:
@@ -82,6 +87,16 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
     if proc and me is not None:
         # Ranks on one node share its CPUs: each may count on its fair share.
         p = float(proc["cpus_available"]) / max(n_trainers, 1)
+        # CPUs other processes take: the training thread waited for a CPU a share r of the window
+        # (schedstat), so a new worker would too. Capacity counts only what the job can get.
+        th = next((t for t in me.get("threads", []) if t["tid"] == me["pid"]), None)
+        win = float(proc.get("window_s") or 0.0)
+        r_loop = (float(th["run_delay_seconds"]) / win) if (th and win and th.get("run_delay_seconds") is not None) \
+            else 0.0
+        if r_loop >= CROWDED_RUNQ:
+            facts.append(Fact("process", "share of the window the training thread waited for a CPU (schedstat): "
+                                         "other work crowds the CPUs", round(r_loop, 3)))
+            p = max(1.0, p * (1.0 - min(r_loop, 0.9)))
         w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
                   and x.get("cpu_cores") is not None]
         # Live workers: the most alive at once (at the window's start or end), not every PID seen:
@@ -250,10 +265,18 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     churn_bound = None
     if settings_help:
         w_prop = max(w_best, w_now)
-        t_mid = t_best if more else step_time(w_now, c, d, u, p)
         w_eval = w_prop
+        # Today's step already carries today's workers' share of the CPUs: charge only the change.
+        t_now = step_time(w_now, c, d, u, p, BETA[1]) / step_time(w_now, c, d, u, p) if w_now else 1.0
+        t_mid = step_time(w_eval, c, d, u, p, BETA[1]) / t_now
         speedup = 1.0 / t_mid
-        interval = (1.0 / step_time(w_eval, c, d * k_hi, u, p), 1.0 / step_time(w_eval, c, d * k_lo, u, p))
+        interval = (t_now / step_time(w_eval, c, d * k_hi, u, p, BETA[2]),
+                    1.0 / step_time(w_eval, c, d * k_lo, u, p, BETA[0]))
+        if bursty and not more and not recreated:
+            # Deeper prefetch removes only the bursty part of the wait, which the samples do not
+            # separate from the workers' pace: half the gain, with the interval from none to all.
+            interval = (1.0, speedup)
+            speedup = 1.0 + (speedup - 1.0) / 2.0
         if recreated and not more:
             # Only the re-creation goes: the loop's time starting workers (py-spy: in
             # _MultiProcessingDataLoaderIter.__init__) and joining them at each epoch's end.
@@ -292,7 +315,8 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                              knobs={"non_blocking": True}))
         if recreated:
             facts.append(Fact("process", "worker processes were re-created during the window", True))
-        bound = (f"f={f:.2f}; step = max(C={c:.2f}, kD/W={d:.2f}/{w_prop}, U/P={u:.2f}/{p:g}) of today's step; "
+        bound = (f"f={f:.2f}; step = max(C(1+bW/P), kD/W, U/P) with C={c:.2f}, D={d:.2f}, W={w_prop}, U={u:.2f}, "
+                 f"P={p:g} (today's step = 1); loop slowdown b={BETA[1]:g} ({BETA[0]:g}-{BETA[2]:g}); "
                  f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
                  f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
                  f"{HEADROOM:g}x headroom over the fewest workers that reach the best step; an estimate")
