@@ -133,8 +133,12 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
 
 def trainers(spy: dict[str, Any]) -> list[dict[str, Any]]:
     """The training processes py-spy saw: each rank of a multi-rank job, else the target itself."""
-    if spy.get("ranks"):
-        return [r for r in spy["ranks"] if r.get("training_thread")]
+    # A child py-spy caught only briefly (a DataLoader worker re-created each epoch, sampled before it
+    # entered its worker loop) is not a rank: a rank's training thread is seen doing training work.
+    ranks = [r for r in spy.get("ranks") or [] if r.get("training_thread")
+             and sum(v for k, v in r["training_thread"]["breakdown"].items() if k != "other") >= 0.1]
+    if ranks and (spy.get("launcher") or len(ranks) > 1):
+        return ranks
     if spy.get("training_thread"):
         return [{"pid": spy["training_thread"].get("pid") or spy.get("pid"), "training_thread": spy["training_thread"],
                  "workers": spy.get("workers") or {}}]
