@@ -8,8 +8,8 @@ from tests.helpers import H200, run_cli
 
 BUNDLES = H200 / "live" / "bundles"
 EXPECTED_TOP = {"starved": "dataloader.starved", "pageable": "h2d.pageable", "sync": "host.launch_bound"}
-# Measured speedups of each mode's fix on the H200, runs 1 and 2 (README): starved -> fixed (12, where trainprobe now prints 15,
-# persistent pinned workers), pageable -> pinned. sync -> graphed measured a hand-written CUDA graph
+# Measured speedups of each mode's fix on the H200, runs 1 and 2 (README): starved -> fixed (12
+# persistent pinned workers; trainprobe now prints 15), pageable -> pinned. sync -> graphed measured a hand-written CUDA graph
 # of the whole step, not the torch.compile line trainprobe prints: the GPU ledger measures that one.
 MEASURED = {"starved": (7.63, 5.86), "pageable": (6.30, 5.66)}
 
