@@ -38,7 +38,7 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
 # Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
-BETA = (0.0, 0.25, 0.7)       # (none, middle, high)
+BETA = (0.0, 0.5, 0.9)        # (none, middle, high)
 CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits

@@ -25,7 +25,7 @@ SMALL_READ_BYTES = 64 * 1024     # a read returning less than this from a file i
 OPENS_PER_S = 100.0              # per data-producing process
 FILE_SHARE = 0.10                # open-to-close share of the producers' time
 DATA_SHARE = 0.05                # the loop waits on data at least this share (when py-spy says)
-LOOP_SLOWDOWN_HI = 0.7           # the DataLoader model's high loop slowdown per busy producer per CPU
+LOOP_SLOWDOWN_HI = 0.9           # the DataLoader model's high loop slowdown per busy producer per CPU
 
 
 def _producers(ev: Evidence) -> tuple[list[dict[str, Any]], str]:
