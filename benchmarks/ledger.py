@@ -12,7 +12,8 @@ variants are diagnosed only: they must give no finding above 1.2x.
     python benchmarks/ledger.py --kind cpu --out DIR            # this machine's CPU jobs (~10 min)
     python benchmarks/ledger.py --kind gpu --out DIR            # one GPU (~9 min), needs py-spy
     python benchmarks/ledger.py --kind gpu --dry-run            # print the plan, run nothing
-    python benchmarks/ledger.py --to-tests DIR/ledger-cpu.json  # keep it for the replay tests
+    python benchmarks/ledger.py --to-tests DIR/ledger-cpu.json  # keep it for the replay tests (several
+                                                                # files of one kind are merged)
     python benchmarks/ledger.py --render tests/data/ledger/*.json   # rewrite docs/ledger.md
 
 Options: --cases a,b (a subset), --reps N (default 3), --seconds S (timed seconds per run),
@@ -422,16 +423,35 @@ def render(ledgers: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_tests(path: Path) -> dict[str, Any]:
+def merge(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Path]]]:
+    """Ledgers of one kind written by several calls (the GPU ledger in two) joined into one: later
+    rows replace earlier ones of the same case. Returns each kind's ledger and where each case's
+    bundle lies."""
+    by_kind: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {}
+    for path in paths:
+        led = json.loads(path.read_text())
+        kind = led["meta"]["kind"]
+        if kind not in by_kind:
+            by_kind[kind] = (led, {r["case"]: path.parent / "bundles" for r in led["rows"]})
+            continue
+        old, dirs = by_kind[kind]
+        mine = {r["case"] for r in led["rows"]}
+        old["rows"] = [r for r in old["rows"] if r["case"] not in mine] + led["rows"]
+        old["meta"]["wall_s"] += led["meta"]["wall_s"]
+        old["meta"]["command"] += "; " + led["meta"]["command"]
+        dirs.update({c: path.parent / "bundles" for c in mine})
+    return list(by_kind.values())
+
+
+def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any]:
     """Copy a ledger and its bundles to tests/data/ledger/, listing under `misses` each row the
     current rules do not meet (re-diagnosed offline), with the reason, for tests/test_ledger.py."""
-    led = json.loads(path.read_text())
     kind = led["meta"]["kind"]
     dst = REPO / "tests" / "data" / "ledger"
     (dst / "bundles").mkdir(parents=True, exist_ok=True)
     misses: dict[str, dict[str, str]] = {}
     for r in led["rows"]:
-        b = path.parent / "bundles" / f"{r['case']}.tar.gz"
+        b = bundle_dirs.get(r["case"], Path("/nonexistent")) / f"{r['case']}.tar.gz"
         if r.get("error") or not b.exists():
             continue
         shutil.copy(b, dst / "bundles" / b.name)
@@ -497,7 +517,7 @@ def main() -> int:
     ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
     a = ap.parse_args()
     if a.to_tests:
-        leds = [to_tests(Path(p)) for p in a.to_tests]
+        leds = [to_tests(led, dirs) for led, dirs in merge([Path(p) for p in a.to_tests])]
         for led in leds:
             print(f"{led['meta']['kind']}: {len(led['rows'])} rows, misses: {json.dumps(led['misses'], indent=1)}")
         return 0
