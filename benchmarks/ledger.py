@@ -10,7 +10,7 @@ starts once and is paused with SIGSTOP (its workers too) while the other is time
 variants are diagnosed only: they must give no finding above 1.2x.
 
     python benchmarks/ledger.py --kind cpu --out DIR            # this machine's CPU jobs (~10 min)
-    python benchmarks/ledger.py --kind gpu --out DIR            # one GPU (~9 min), needs py-spy
+    python benchmarks/ledger.py --kind gpu --out DIR --cases A,B,C,D   # one GPU, py-spy; 4 cases ~7 min
     python benchmarks/ledger.py --kind gpu --dry-run            # print the plan, run nothing
     python benchmarks/ledger.py --to-tests DIR/ledger-cpu.json  # keep it for the replay tests (several
                                                                 # files of one kind are merged)
