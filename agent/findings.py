@@ -30,9 +30,15 @@ class Fix:
     title: str
     change: str | None = None
     command: str | None = None
+    # Machine-readable settings the fix changes, e.g. {"num_workers": 12, "pin_memory": True}: a
+    # harness (benchmarks/ledger.py) or a user's script applies exactly what was printed.
+    knobs: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "change": self.change, "command": self.command}
+        d = {"title": self.title, "change": self.change, "command": self.command}
+        if self.knobs:
+            d["knobs"] = dict(self.knobs)
+        return d
 
 
 @dataclass
@@ -46,6 +52,9 @@ class Finding:
     fixes: list[Fix] = field(default_factory=list)
     risk: str = "low"                 # risk of applying the fix: ranks ties
     details: dict[str, Any] = field(default_factory=dict)
+    # (low, high): where the measured speedup of the fix is expected to fall (docs/models.md). None:
+    # the default band of an uncalibrated estimate around expected_speedup.
+    interval: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.id not in FINDING_IDS:
@@ -55,13 +64,19 @@ class Finding:
         if self.risk not in RISKS:
             raise ValueError(f"risk must be one of {RISKS}")
         self.expected_speedup = round(max(1.0, float(self.expected_speedup)), 2)
+        if self.interval is None:
+            lo, hi = default_interval(self.expected_speedup, self.confidence)
+        else:
+            lo, hi = self.interval
+        lo, hi = max(1.0, float(lo)), max(1.0, float(hi))
+        self.interval = (round(min(lo, self.expected_speedup), 2), round(max(hi, self.expected_speedup), 2))
 
     def to_dict(self) -> dict[str, Any]:
         d = {
             "id": self.id, "title": self.title, "expected_speedup": self.expected_speedup,
             "speedup_bound": self.speedup_bound, "confidence": self.confidence,
             "evidence": [e.to_dict() for e in self.evidence], "fixes": [f.to_dict() for f in self.fixes],
-            "risk": self.risk,
+            "risk": self.risk, "expected_speedup_interval": list(self.interval or ()),
         }
         if self.details:
             d["details"] = self.details
@@ -73,7 +88,28 @@ class Finding:
                    speedup_bound=d["speedup_bound"], confidence=d["confidence"],
                    evidence=[Fact(**e) for e in d.get("evidence", [])],
                    fixes=[Fix(**f) for f in d.get("fixes", [])], risk=d.get("risk", "low"),
-                   details=d.get("details", {}))
+                   details=d.get("details", {}),
+                   interval=tuple(d["expected_speedup_interval"]) if d.get("expected_speedup_interval") else None)
+
+
+# Half-width, in log space, of the band given to a number no ledger entry has calibrated yet.
+UNCALIBRATED_LOG_BAND = {"high": 0.22, "medium": 0.35, "low": 0.5}
+
+
+def default_interval(speedup: float, confidence: str) -> tuple[float, float]:
+    """The band of an uncalibrated estimate: the gain above 1.0 scaled down and up by the
+    confidence's factor (a 1.0x finding stays 1.0x)."""
+    import math
+    k = math.exp(UNCALIBRATED_LOG_BAND.get(confidence, 0.5))
+    gain = max(speedup, 1.0)
+    return 1.0 + (gain - 1.0) / k, 1.0 + (gain - 1.0) * k
+
+
+def interval_text(f: "Finding | dict[str, Any]") -> str:
+    iv = f.interval if isinstance(f, Finding) else f.get("expected_speedup_interval")
+    if not iv:
+        return ""
+    return f"{iv[0]:.2f}-{iv[1]:.2f}x"
 
 
 def pct(x: float) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from agent import __version__
 from agent.evidence import Evidence
 from agent.findings import Finding
-from agent.ranking import rank
+from agent.ranking import headline, rank
 from agent.rules import RuleRun, run_rules
 
 SCHEMA = "trainprobe.report/1"
@@ -78,6 +78,7 @@ def diagnose(ev: Evidence) -> tuple[list[Finding], list[RuleRun]]:
 
 def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str, Any],
           findings: list[Finding], rule_runs: list[RuleRun], notes: list[str] | None = None) -> dict[str, Any]:
+    ranked = [f.to_dict() for f in findings]
     return {
         "schema": SCHEMA,
         "tool": {"name": "trainprobe", "version": __version__},
@@ -87,7 +88,8 @@ def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str
         "window": window,
         "probes": [rec.to_dict() for rec in ev.records.values()],
         "gpu": gpu_facts(ev),
-        "findings": [f.to_dict() for f in findings],
+        "headline": headline(ranked),
+        "findings": ranked,
         "overhead": overhead,
         "rules": [r.to_dict() for r in rule_runs],
         "notes": _dedupe(list(notes or []) + list((ev.get("gpu") or {}).get("notes", [])) + list(ev.notes)),

@@ -145,13 +145,18 @@ def _header(report: Mapping[str, Any]) -> list[str]:
 
 
 def _findings(report: Mapping[str, Any]) -> list[str]:
-    out = ['<section id="findings"><h2>Findings, ranked by expected speedup</h2>']
+    out = ['<section id="findings"><h2>Findings, ranked by expected speedup and confidence</h2>']
+    if report.get("headline"):
+        out.append(f'<p class="headline">{esc(report["headline"])}</p>')
     findings = report.get("findings") or []
     if not findings:
         out.append('<div class="empty">No finding: the evidence gathered does not point at a host-side cause.</div>')
     for i, f in enumerate(findings, 1):
         sp = float(f.get("expected_speedup") or 1.0)
+        iv = f.get("expected_speedup_interval")
         sp_s = f"{sp:.2f}x expected speedup" if sp > 1.0 else "1.0x: no host-side gain expected"
+        if sp > 1.0 and iv:
+            sp_s += f" (likely {iv[0]:.2f}-{iv[1]:.2f}x)"
         conf = f.get("confidence", "low")
         out.append(f'<article class="finding" id="finding-{i}" data-id="{esc(f.get("id"))}"><header>'
                    f'<span class="rank">#{i}</span><code class="fid">{esc(f.get("id"))}</code>'

@@ -56,7 +56,10 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
     out: list[str] = []
     for i, f in enumerate(findings, 1):
         sp = f["expected_speedup"]
+        iv = f.get("expected_speedup_interval")
         sp_s = f"{sp:.2f}x" if sp > 1.0 else "1.0x (no host-side gain)"
+        if sp > 1.0 and iv:
+            sp_s += f" ({iv[0]:.2f}-{iv[1]:.2f}x)"
         colour = st.green if f["id"] == "compute.bound" else (st.red if sp >= 1.5 else st.yellow)
         out.append(f"{st.bold(f'#{i}')}  {colour(st.bold(f['id']))}   expected speedup {st.bold(sp_s)}"
                    f"   confidence {f['confidence']}")
@@ -119,6 +122,8 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
         lines.append(st.dim(gpu_line))
     for n in report.get("notes", []):
         lines.append(st.yellow("note: ") + n)
+    if report.get("headline"):
+        lines.append(st.bold(report["headline"]))
     lines.append("")
     findings = report["findings"]
     if not findings:

@@ -45,6 +45,19 @@ def test_rules_declare_known_ids_and_probes():
             assert p in names, f"rule {r.name} names unknown probe {p!r}"
 
 
+def test_rule_order_is_declared_and_followed():
+    from agent.rules import _order
+    rules = all_rules()
+    order = [r.name for r in _order(rules)]
+    for r in rules:
+        assert set(r.after) <= set(FINDING_IDS), f"rule {r.name} runs after unknown ids {r.after}"
+        for other in rules:
+            if other.id in r.after and other.id != r.id:
+                assert order.index(other.name) < order.index(r.name), f"{r.name} must run after {other.name}"
+    cb = [r for r in rules if r.id == "compute.bound"]
+    assert cb and all(r.after for r in cb), "compute.bound reads the other findings: it declares `after`"
+
+
 def test_every_finding_id_is_documented_in_the_readme():
     readme = (REPO / "README.md").read_text()
     for fid in FINDING_IDS:

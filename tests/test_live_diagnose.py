@@ -26,12 +26,17 @@ def test_starved_inloop_job_gets_dataloader_starved_with_workers(workload):
     assert w.alive()
 
 
-def test_too_few_workers_still_starved_and_more_workers_proposed(workload):
+def test_too_few_workers_still_starved_and_no_more_workers_than_fit(workload):
     w = workload("--seconds", "60", "--num-workers", "1", "--sample-work", "9000", warmup_lines=2)
     rep = diagnose(w.pid)
     f = next(f for f in rep["findings"] if f["id"] == "dataloader.starved")
     assert f["details"]["current_num_workers"] == 1
-    assert f["details"]["proposed_num_workers"] > 1
+    # Never more workers than the CPUs the job may use minus the loop's own core, and never a fix
+    # that restates today's setting.
+    cpus = f["details"]["cpus_available"]
+    assert f["details"]["proposed_num_workers"] <= max(1, int(cpus) - 1)
+    assert not any("num_workers=1" in (fx.get("change") or "") for fx in f["fixes"])
+    assert all((fx.get("knobs") or {}).get("num_workers") != 1 for fx in f["fixes"])
     assert rep["findings"][0]["id"] == "dataloader.starved"
     assert any(x["role"] == "dataloader_worker" for x in rep["target"]["workers"])
 

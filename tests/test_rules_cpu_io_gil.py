@@ -92,8 +92,13 @@ def test_thousands_of_tiny_files_per_batch_is_small_reads(workload, tmp_path):
 @pytest.mark.live
 def test_a_thread_spinning_with_the_gil_is_named(workload):
     w = workload("--seconds", "120", "--sample-work", "0", "--gil-spinner", warmup_lines=2)
-    default = diagnose(w.pid)            # the default probes cannot see the GIL: they point at --deep
-    assert any("metrics-spinner" in n and "--deep" in n for n in default["notes"]), default["notes"]
+    default = diagnose(w.pid)            # the default probes measure the GIL wait from CPU time
+    f = finding(default, "gil.contention")
+    assert f is not None and default["findings"][0]["id"] == "gil.contention", default["findings"]
+    assert f["details"]["source"] == "cpu_time" and f["details"]["holder"]["name"] == "metrics-spinner"
+    lo, hi = f["expected_speedup_interval"]
+    assert 1.1 < lo <= f["expected_speedup"] <= hi
+    assert not finding(default, "compute.bound")
     rep = diagnose(w.pid, "--deep")
     f = finding(rep, "gil.contention")
     assert f is not None, [(x["id"], x["expected_speedup"]) for x in rep["findings"]]
@@ -164,6 +169,15 @@ def test_replayed_gil_capture_names_the_spinner():
     f = next(f for f in findings if f.id == "gil.contention")
     assert "metrics-spinner" in f.title
     assert ev.get("gil")["holder"]["name"] == "metrics-spinner"
+
+
+def test_replayed_gil_capture_without_the_gil_sampler_is_found_from_cpu_time():
+    # The default probes alone (py-spy and /proc): the spinner's GIL hold is measured, not guessed.
+    findings, ev = replay("gil_spinner", drop=("gil", "sched", "syscalls"))
+    assert findings[0].id == "gil.contention"
+    assert findings[0].details["source"] == "cpu_time"
+    assert findings[0].details["holder"]["name"] == "metrics-spinner"
+    assert not ev.notes
 
 
 def test_replayed_healthy_capture_has_none_of_these():

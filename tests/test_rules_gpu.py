@@ -29,11 +29,11 @@ def test_starved_top_finding_is_dataloader_starved_with_gpu_evidence():
     facts = {e.fact: e.value for e in top.evidence}
     assert any(e.probe == "gpu+pyspy" and "idled while the loop loaded" in e.fact for e in top.evidence)
     assert any("NVML sample period" in k for k in facts)
-    # The GPU side caps the CPU model: the GPU idled 88% of the time while the loop loaded data.
-    assert "the GPU idled only 0.8" in top.speedup_bound
-    assert 4.0 < top.expected_speedup < 10.0
-    # The measured gain was 6.2x: the prediction is the right size (within a factor of 1.6).
-    assert 1 / 1.6 < top.expected_speedup / MEASURED["starved->fixed"] < 1.6
+    # The GPU side is evidence, not a cap: the model's estimate may exceed 1/(1-x) of the GPU's idle share.
+    assert ": <= " not in top.speedup_bound and "an estimate" in top.speedup_bound
+    # The fix measured 6.24x on this capture's node: inside the finding's interval.
+    lo, hi = top.interval
+    assert lo <= MEASURED["starved->fixed"] <= hi, (top.expected_speedup, top.interval)
     assert "pin_memory=True" in top.fixes[0].change
 
 

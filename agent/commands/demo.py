@@ -184,8 +184,9 @@ def command(app: App, duration: float, measure_s: float, as_json: bool, no_redia
     out.write(f"  before   DataLoader(num_workers=0)                 {before:7.1f} steps/s\n")
     out.write(f"  after    DataLoader({label}){'':<{max(0, 30 - len(label))}}  {after:7.1f} steps/s\n")
     out.write(f"  measured speedup   {measured:.2f}x\n")
-    out.write(f"  predicted speedup  {predicted:.2f}x   (trainprobe's bound; {100 * (predicted / measured - 1):+.0f}% "
-              "vs measured)\n")
+    iv = top.get("expected_speedup_interval") or [predicted, predicted]
+    out.write(f"  predicted speedup  {predicted:.2f}x   (trainprobe's estimate, likely {iv[0]:.2f}-{iv[1]:.2f}x; "
+              f"{100 * (predicted / measured - 1):+.0f}% vs measured)\n")
     if before_spread > 0.15 or after_spread > 0.15:
         out.write("  note: steps/s varied by more than 15% within a measurement: something else on this host "
                   "is using the CPUs, so both figures are noisy\n")

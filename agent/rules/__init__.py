@@ -23,8 +23,8 @@ RULE_MODULES = (
     "agent.rules.pcie",
     "agent.rules.cpu",
     "agent.rules.io",
-    "agent.rules.gil",
-    "agent.rules.compute",
+    "agent.rules.gil_contention",
+    "agent.rules.compute_bound",
     "agent.rules.gpu",
 )
 
@@ -37,13 +37,14 @@ class Rule:
     uses: tuple[str, ...]
     description: str
     name: str
+    after: tuple[str, ...] = ()  # finding ids whose rules must run first (it reads their findings)
 
 
 _RULES: list[Rule] = []
 
 
 def rule(finding_id: str, requires: tuple[str, ...] = (), uses: tuple[str, ...] = (),
-         description: str = "") -> Callable[[RuleFn], RuleFn]:
+         description: str = "", after: tuple[str, ...] = ()) -> Callable[[RuleFn], RuleFn]:
     if finding_id not in FINDING_IDS:
         raise ValueError(f"unknown finding id {finding_id!r}")
 
@@ -51,7 +52,8 @@ def rule(finding_id: str, requires: tuple[str, ...] = (), uses: tuple[str, ...] 
         name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
         if not any(r.name == name for r in _RULES):
             _RULES.append(Rule(finding_id, fn, tuple(requires), tuple(uses),
-                               description or (fn.__doc__ or "").strip().splitlines()[0], name))
+                               description or (fn.__doc__ or "").strip().splitlines()[0], name,
+                               tuple(after)))
         return fn
 
     return deco
@@ -61,6 +63,21 @@ def all_rules() -> list[Rule]:
     for mod in RULE_MODULES:
         importlib.import_module(mod)
     return list(_RULES)
+
+
+def _order(rules: list[Rule]) -> list[Rule]:
+    """Rules in declaration order, each moved after the rules of the ids in its `after`."""
+    left, done, out = list(rules), set(), []
+    while left:
+        ready = [r for r in left if not any(a in {x.id for x in left if x is not r and x.id != r.id}
+                                            for a in r.after)]
+        if not ready:
+            raise ValueError("rules' `after` declarations form a cycle: " + ", ".join(r.name for r in left))
+        for r in ready:
+            out.append(r)
+            done.add(r.name)
+        left = [r for r in left if r.name not in done]
+    return out
 
 
 @dataclass
@@ -75,12 +92,12 @@ class RuleRun:
 
 
 def run_rules(ev: Evidence, rules: list[Rule] | None = None) -> tuple[list[Finding], list[RuleRun]]:
-    """Run every rule whose required evidence is present. compute.bound rules run last and see the
-    host-side findings of the others through ev.context['findings']."""
+    """Run every rule whose required evidence is present, each after the rules its `after` names
+    (compute.bound declares every host-side id: it sees their findings through ev.context['findings'])."""
     rules = rules if rules is not None else all_rules()
     findings: list[Finding] = []
     runs: list[RuleRun] = []
-    ordered = [r for r in rules if r.id != "compute.bound"] + [r for r in rules if r.id == "compute.bound"]
+    ordered = _order(rules)
     for r in ordered:
         missing = [p for p in r.requires if not ev.has(p)]
         if missing:

@@ -9,12 +9,20 @@ step time T = 1:
     U  CPU-seconds the whole job uses per step (all threads of the process and its workers),
     P  CPUs the job may use (affinity and cgroup quota),
     L  cores the training process itself uses while it computes (its intra-op threads; a fact).
-With W single-threaded workers a step takes at least max(C, D / W, U / P): the loop's own time,
-the workers' production time, and the host's CPU capacity. W never exceeds P (no more workers than
-cores can run). The rule proposes the smallest W that reaches the best step time, and 1 / T'(W)
-as the expected speedup: an upper bound, since workers that share cores with the loop also delay
-it (run-queue delay), which the model does not charge. When today's workers already fill the cores, settings cannot help; the finding
-then quotes what halving the per-sample CPU cost would give.
+With W single-threaded workers a step takes max(C, k D / W, U / P): the loop's own time, the
+workers' production time, and the host's CPU capacity. k is the hand-off factor: a batch made in a
+worker costs more CPU than the same batch made in the loop (pickling through shared memory, the
+worker's own interpreter, collation twice); it is fitted to the ledger (docs/models.md) and applies
+only where D was measured in the loop (num_workers=0); workers' measured CPU already carries it.
+The workers proposed: never more than the CPUs the job may use minus the cores the training
+process itself needs (L), and, within that, HEADROOM times the fewest that reach the best step time
+under the pessimistic k: too few workers cost speed, a few too many only memory. Workers are
+counted live (the most alive at once), not every PID seen: workers re-created every epoch come and
+go, which the process probe sees, and the fix then adds persistent_workers=True. A fix never
+restates the current setting (today's live workers, pin_memory when its thread is seen).
+The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range and, with GPU
+evidence, the GPU-idle share: an estimate, not a bound. When today's workers already fill the
+cores, settings cannot help; the finding then quotes what halving the per-sample CPU cost would give.
 """
 from __future__ import annotations
 
@@ -26,16 +34,26 @@ from agent.findings import Fact, Finding, Fix, pct
 from agent.rules import rule
 
 STARVED_SHARE = 0.10          # the loop waits on data for at least this share of its time
+# The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
+HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
+HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
+# Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
+BETA = (0.0, 0.5, 0.9)        # (none, middle, high)
+CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
+MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
 
-def step_time(w: int, c: float, d: float, u: float, p: float) -> float:
-    return max(c, d / max(w, 1), u / p if p > 0 else 0.0)
+def step_time(w: int, c: float, d: float, u: float, p: float, beta: float = 0.0) -> float:
+    """Step time with w workers; the loop's own time grows by beta * w / p as workers share its CPUs."""
+    c_w = c * (1.0 + beta * w / p) if p > 0 else c
+    return max(c_w, d / max(w, 1), u / p if p > 0 else 0.0)
 
 
-def max_workers(p: float) -> int:
-    return max(1, int(math.floor(p + 1e-6)))
+def max_workers(p: float, rest_cores: float = 0.0) -> int:
+    """The most workers the job may run: its CPUs minus the cores the rest of the job needs."""
+    return max(1, int(math.floor(p - rest_cores + 1e-6)))
 
 
 def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple[int, float]:
@@ -46,8 +64,18 @@ def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple
     return w, times[w]
 
 
+def _spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
+    """Cores the DataLoader workers kept busy, from py-spy's samples of them (0 when unknown)."""
+    if not window_s:
+        return 0.0
+    busy = sum(float(w.get("seconds") or 0.0) * (1.0 - float((w.get("breakdown") or {}).get("idle", 0.0)))
+               for w in workers.get("per_worker") or [])
+    return busy / window_s
+
+
 def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: float, f_load: float, w_now: int,
-                  facts: list[Fact]) -> dict[str, Any]:
+                  facts: list[Fact], spy_workers: dict[str, Any] | None = None,
+                  tt_seconds: float = 0.0) -> dict[str, Any]:
     """C, D, U, P for one training process (the target, or one rank) from the process evidence."""
     proc = ev.get("process")
     c = max(1.0 - f, 0.02)
@@ -59,13 +87,31 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
     if proc and me is not None:
         # Ranks on one node share its CPUs: each may count on its fair share.
         p = float(proc["cpus_available"]) / max(n_trainers, 1)
+        # CPUs other processes take: the training thread waited for a CPU a share r of the window
+        # (schedstat), so a new worker would too. Capacity counts only what the job can get.
+        th = next((t for t in me.get("threads", []) if t["tid"] == me["pid"]), None)
+        win = float(proc.get("window_s") or 0.0)
+        r_loop = (float(th["run_delay_seconds"]) / win) if (th and win and th.get("run_delay_seconds") is not None) \
+            else 0.0
+        if r_loop >= CROWDED_RUNQ:
+            facts.append(Fact("process", "share of the window the training thread waited for a CPU (schedstat): "
+                                         "other work crowds the CPUs", round(r_loop, 3)))
+            p = max(1.0, p * (1.0 - min(r_loop, 0.9)))
         w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
                   and x.get("cpu_cores") is not None]
-        w_now = max(w_now, len([x for x in w_proc if x["alive_at_end"]]))
+        # Live workers: the most alive at once (at the window's start or end), not every PID seen:
+        # workers re-created every epoch come and go and would otherwise be counted several times.
+        alive_end = len([x for x in w_proc if x["alive_at_end"]])
+        alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
+        live = max(alive_end, alive_start)
+        w_now = live if w_proc else w_now
         worker_cores = sum(x["cpu_cores"] for x in w_proc)
+        # Workers that lived only part of the window (re-created each epoch) are missing from the
+        # process probe's start/end readings; py-spy sampled them while they lived.
+        worker_cores = max(worker_cores, _spy_worker_cores(spy_workers or {}, tt_seconds))
         main_cores = float(me.get("cpu_cores") or 0.0)
         u = main_cores + worker_cores if n_trainers > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
-        d = worker_cores + f_load if w_now else f_load
+        d = worker_cores + f_load if w_now else f_load * HANDOFF_K[1]
         if d <= 0:
             d = f
         loop_cores = max(1.0, (main_cores - f_load) / c)
@@ -76,17 +122,23 @@ def _model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: flo
                   Fact("process", "DataLoader worker processes", w_now)]
         churn = proc.get("worker_churn", {}) or {}
         return {"c": c, "d": d, "u": u, "p": p, "loop": loop_cores, "w_now": w_now, "known_p": True,
+                "d_inloop": not w_now, "pids_seen": len(w_proc),
                 "uses_cuda": bool(proc.get("uses_cuda")),
                 "recreated": bool(churn.get("appeared") or churn.get("vanished"))}
     p = float(ev.context.get("cpus_available") or 0.0) / max(n_trainers, 1)
-    return {"c": c, "d": f, "u": 1.0 + w_now, "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now,
+    return {"c": c, "d": f * (HANDOFF_K[1] if not w_now else 1.0), "u": 1.0 + w_now,
+            "p": p or float(64 * max(w_now, 1)), "loop": 1.0, "w_now": w_now, "d_inloop": not w_now, "pids_seen": w_now,
             "known_p": bool(p), "uses_cuda": bool(ev.context.get("uses_cuda")), "recreated": False}
 
 
 def trainers(spy: dict[str, Any]) -> list[dict[str, Any]]:
     """The training processes py-spy saw: each rank of a multi-rank job, else the target itself."""
-    if spy.get("ranks"):
-        return [r for r in spy["ranks"] if r.get("training_thread")]
+    # A child py-spy caught only briefly (a DataLoader worker re-created each epoch, sampled before it
+    # entered its worker loop) is not a rank: a rank's training thread is seen doing training work.
+    ranks = [r for r in spy.get("ranks") or [] if r.get("training_thread")
+             and sum(v for k, v in r["training_thread"]["breakdown"].items() if k != "other") >= 0.1]
+    if ranks and (spy.get("launcher") or len(ranks) > 1):
+        return ranks
     if spy.get("training_thread"):
         return [{"pid": spy["training_thread"].get("pid") or spy.get("pid"), "training_thread": spy["training_thread"],
                  "workers": spy.get("workers") or {}}]
@@ -178,7 +230,8 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     if workers_spy.get("count") and worker_top:
         facts.append(Fact("pyspy", "hottest worker stack: " + " > ".join(worker_top[0]["stack"][-3:]),
                           worker_top[0]["fraction"]))
-    m = _model_inputs(ev, worst["pid"], len(ranks), f, f_load, int(workers_spy.get("count") or 0), facts)
+    m = _model_inputs(ev, worst["pid"], len(ranks), f, f_load, int(workers_spy.get("count") or 0), facts,
+                      workers_spy, float(tt.get("seconds") or 0.0))
     c, d, u, p, w_now = m["c"], m["d"], m["u"], m["p"], m["w_now"]
     recreated = m["recreated"] or tt.get("worker_startup_seconds", 0) > 0
     if tt.get("worker_startup_seconds", 0) > 0:
@@ -190,60 +243,121 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     elif gpu and gpu.get("idle_fraction") is not None:
         facts.append(Fact("gpu", "share of the window the GPU was idle", gpu["idle_fraction"]))
 
-    w_cap = max_workers(p)
-    w_best, t_best = propose_workers(c, d, u, p, w_cap)
-    cpu_note = (f"P={p:g} CPUs so W<={w_cap}" if m["known_p"]
+    rest = m["loop"] if m["known_p"] else 0.0
+    w_cap = max_workers(p, rest)
+    # d carries the middle hand-off factor where it was measured in the loop; scale it for the range.
+    k_lo, k_mid, k_hi = (k / HANDOFF_K[1] for k in HANDOFF_K) if m["d_inloop"] else (1.0, 1.0, 1.0)
+    w_min, _ = propose_workers(c, d * k_hi, u, p, w_cap)
+    w_best = min(w_cap, max(w_min, int(math.ceil(w_min * HEADROOM - 1e-9))))
+    t_best = step_time(w_best, c, d, u, p)
+    cpu_note = (f"P={p:g} CPUs, L={rest:.1f} for the loop, so W<={w_cap}" if m["known_p"]
                 else "CPUs unknown (no process evidence): capacity not bounded")
     bursty = bool(w_now and (workers_spy.get("busy_fraction") or 1.0) < BURSTY_BUSY and f_wait > STARVED_SHARE)
     if bursty:
         facts.append(Fact("pyspy", "workers' busy share while the loop waits (bursty production)",
                           workers_spy.get("busy_fraction")))
-    settings_help = w_best > w_now or (bursty and w_now)
+    if m["pids_seen"] > w_now:
+        facts.append(Fact("process", f"worker PIDs seen over the window ({w_now} alive at once)", m["pids_seen"]))
+    pinned_now = any("pin_memory" in (t.get("name") or "") or any("_pin_memory_loop" in fr for top in t.get("top") or []
+                                                                   for fr in top.get("stack", []))
+                     for t in (spy.get("other_threads") or []))
+    more = w_best > w_now
+    settings_help = more or recreated or (bursty and w_now)
     fixes: list[Fix] = []
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    interval = None
+    churn_bound = None
     if settings_help:
         w_prop = max(w_best, w_now)
-        speedup = 1.0 / (t_best if w_best > w_now else step_time(w_now, c, d, u, p))
-        kwargs: dict[str, Any] = {"num_workers": w_prop}
-        if m["uses_cuda"]:
+        w_eval = w_prop
+        # Today's step already carries today's workers' share of the CPUs: charge only the change.
+        t_now = step_time(w_now, c, d, u, p, BETA[1]) / step_time(w_now, c, d, u, p) if w_now else 1.0
+        t_mid = step_time(w_eval, c, d, u, p, BETA[1]) / t_now
+        speedup = 1.0 / t_mid
+        interval = (t_now / step_time(w_eval, c, d * k_hi, u, p, BETA[2]),
+                    1.0 / step_time(w_eval, c, d * k_lo, u, p, BETA[0]))
+        if bursty and not more and not recreated:
+            # Deeper prefetch removes only the bursty part of the wait, which the samples do not
+            # separate from the workers' pace: half the gain, with the interval from none to all.
+            interval = (1.0, speedup)
+            speedup = 1.0 + (speedup - 1.0) / 2.0
+        if recreated and not more:
+            # Only the re-creation goes: the loop's time starting workers (py-spy: in
+            # _MultiProcessingDataLoaderIter.__init__) and joining them at each epoch's end.
+            s_start = min(float(tt.get("worker_startup_seconds") or 0.0) / max(float(tt.get("seconds") or 0.0), 1e-6),
+                          f)
+            s_stop = min(sum(x["fraction"] for x in top_tt.get("data_wait") or []
+                             if any("_shutdown_workers" in fr for fr in x["stack"])), f - s_start)
+            churn = s_start + s_stop
+            if churn > 0:
+                speedup = 1.0 / (1.0 - churn)
+                interval = (1.0 / (1.0 - 0.5 * churn), 1.0 / (1.0 - churn - 0.5 * (f - churn)))
+                facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(churn, 3)))
+                churn_bound = (f"workers re-created each epoch: the loop spends s={churn:.2f} starting and joining them "
+                               f"(py-spy); persistent workers remove it: 1/(1-s)={speedup:.2f}x, between half of s "
+                               f"and s plus half the rest of the data wait (f={f:.2f}); an estimate")
+        if more:
+            kwargs["num_workers"] = w_prop
+        if m["uses_cuda"] and not pinned_now:
             kwargs["pin_memory"] = True
-        if recreated or not w_now:
+        if recreated or (more and not w_now):
             kwargs["persistent_workers"] = True   # new workers are otherwise re-created every epoch
-        if bursty:
+        if bursty and not more:
             kwargs["prefetch_factor"] = 4
+        if not kwargs:
+            settings_help = False
+    if settings_help:
         args = [f"{k}={v}" for k, v in kwargs.items()]
-        fixes.append(Fix(f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}"
-                         + (" into pinned memory" if m["uses_cuda"] else ""),
-                         change="DataLoader(..., " + ", ".join(args) + ")"))
+        what = (f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}" if more
+                else ("Keep the DataLoader workers alive across epochs" if recreated
+                      else "Let each worker prefetch more batches"))
+        fixes.append(Fix(what + (" into pinned memory" if kwargs.get("pin_memory") else ""),
+                         change="DataLoader(..., " + ", ".join(args) + ")", knobs=dict(kwargs)))
         if m["uses_cuda"]:
             fixes.append(Fix("Copy batches without blocking the loop",
-                             change="x = x.cuda(non_blocking=True)  # with pin_memory=True"))
+                             change="x = x.cuda(non_blocking=True)  # with pin_memory=True",
+                             knobs={"non_blocking": True}))
         if recreated:
             facts.append(Fact("process", "worker processes were re-created during the window", True))
-        bound = (f"f={f:.2f}; step >= max(C={c:.2f}, D/W={d:.2f}/{w_prop}, U/P={u:.2f}/{p:g}) of today's step; "
-                 f"{cpu_note}; Amdahl ceiling 1/(1-f)={1 / c:.1f}x; assumes a worker makes a batch as fast "
-                 "as the loop did, with no hand-off cost")
+        bound = (f"f={f:.2f}; step = max(C(1+bW/P), kD/W, U/P) with C={c:.2f}, D={d:.2f}, W={w_prop}, U={u:.2f}, "
+                 f"P={p:g} (today's step = 1); loop slowdown b={BETA[1]:g} ({BETA[0]:g}-{BETA[2]:g}); "
+                 f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
+                 f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
+                 f"{HEADROOM:g}x headroom over the fewest workers that reach the best step; an estimate")
+        bound = churn_bound or bound
     else:
         # The CPUs are the limit: more workers would only queue for the same cores.
         w_prop = w_now
         t_half = step_time(max(w_now, 1), c, d / 2.0, u - d / 2.0, p)
         speedup = 1.0 / t_half
+        interval = (1.0, speedup)
         where = (top[0]["stack"][-1] if (inloop and top) else
                  (worker_top[0]["stack"][-1] if worker_top else "the dataset's __getitem__"))
         fixes.append(Fix("The CPUs are the limit: make each sample cheaper to produce",
                          change=f"speed up {where}: cache decoded samples, move augmentation to the GPU, "
-                                "or give this job more CPUs"))
+                                "or give this job more CPUs", knobs={"sample_cost_factor": 0.5}))
         bound = (f"f={f:.2f}; {w_now} workers already fill the {p:g} CPUs ({cpu_note}); if a sample cost half "
                  f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
     ceiling = _gpu_ceiling(ev)
     if ceiling is not None:
-        # The GPU's side: only data-wait time during which the GPU idled can come off the step.
+        # The GPU's side: data-wait time during which the GPU idled. Not a bound (the ledger measured
+        # gains past it: a loop freed from loading also launches its kernels sooner), so it pulls the
+        # estimate down to the geometric mean and widens the interval's low end.
         x_gpu, gpu_speedup = ceiling
         if gpu_speedup < GPU_WORTH:
             return None       # the GPU stays busy while the loop waits: the wait hides behind GPU work
         if gpu_speedup < speedup:
-            speedup = gpu_speedup
-            bound += f"; the GPU idled only {x_gpu:.2f} of the time while the loop fetched data: <= {gpu_speedup:.2f}x"
+            speedup = math.sqrt(speedup * gpu_speedup)
+            lo, hi = interval or (1.0, speedup)
+            interval = (min(lo, gpu_speedup), hi)
+            bound += (f"; the GPU idled {x_gpu:.2f} of the time while the loop fetched data (1/(1-x)="
+                      f"{gpu_speedup:.2f}x): estimate is the geometric mean of the two")
+    if interval is not None:
+        # The shares the model starts from are sampled (py-spy) and windowed (/proc): never narrower
+        # than MIN_BAND around the estimate; wider when short-lived workers hid their CPU time.
+        band = MIN_BAND if not recreated else 0.35
+        interval = (min(interval[0], 1.0 + (speedup - 1.0) / math.exp(band)),
+                    max(interval[1], 1.0 + (speedup - 1.0) * math.exp(band)))
     conf = "high" if (m["known_p"] and f >= 0.3 and settings_help) else "medium"
     title = (f"The training loop loads its own batches {pct(f)} of the time (num_workers=0)" if inloop and not w_now
              else f"The training loop waits on the DataLoader {pct(f)} of the time")
@@ -252,9 +366,11 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  + f"; the other {len(ranks) - 1} rank(s) wait for it in collectives")
         bound += "; ranks step in lockstep, so the job's step is the straggler's"
     return Finding("dataloader.starved", title, max(speedup, 1.0), bound, conf, facts, fixes, risk="low",
+                   interval=interval,
                    details={"data_share": round(f, 4), "rank_pid": worst["pid"] if multi else None,
                             "ranks": len(ranks), "proposed_num_workers": w_prop, "current_num_workers": w_now,
-                            "cpus_available": p, "settings_help": settings_help,
+                            "cpus_available": p, "settings_help": settings_help, "recreated": recreated,
+                            "pin_memory_now": pinned_now,
                             "dataloader_kwargs": kwargs,
                             "model": {"C": round(c, 4), "D": round(d, 4), "U": round(u, 4), "P": p,
                                       "L": round(m["loop"], 3), "W_max": w_cap}})

@@ -41,6 +41,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--record-bytes", type=int, default=256, help="bytes per record in --shard")
     ap.add_argument("--gil-spinner", action="store_true",
                     help="start a thread that spins in pure Python (holds the GIL) beside the loop")
+    ap.add_argument("--gil-pause-ms", type=float, default=0.0,
+                    help="with --gil-spinner: sleep this long between bursts (a thread holding the GIL in bursts)")
+    ap.add_argument("--epoch-samples", type=int, default=10 ** 7,
+                    help="samples per epoch: the DataLoader is iterated again each epoch (without "
+                         "--persistent-workers its workers are re-created every epoch)")
     ap.add_argument("--report-every", type=float, default=1.0)
     ap.add_argument("--ddp", action="store_true",
                     help="under torchrun: DistributedDataParallel over gloo (CPU) or nccl (--device cuda)")
@@ -99,12 +104,14 @@ class InMemory:
             yield self.x, self.y
 
 
-def _spin(stop: threading.Event) -> None:
-    # A metrics thread gone wrong: pure Python, never sleeps, so it holds the GIL most of the time.
+def _spin(stop: threading.Event, pause_s: float = 0.0) -> None:
+    # A metrics thread gone wrong: pure Python, never (or barely) sleeps, so it holds the GIL most of the time.
     n = 0
     while not stop.is_set():
         for _ in range(20000):
             n += 1
+        if pause_s:
+            time.sleep(pause_s)
 
 
 def _worker_init(worker_threads: int):
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         files = None
         if args.small_files:
             files = sorted(os.path.join(args.small_files, f) for f in os.listdir(args.small_files))
-        ds = SyntheticDataset(10 ** 7, args.features, args.sample_work, files, args.files_per_sample,
+        ds = SyntheticDataset(args.epoch_samples, args.features, args.sample_work, files, args.files_per_sample,
                               args.shard, args.record_bytes)
         kw = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
                   pin_memory=args.pin_memory)
@@ -154,11 +161,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.prefetch_factor:
                 kw["prefetch_factor"] = args.prefetch_factor
         loader = DataLoader(ds, **kw)
-        batches = iter(loader)
+
+        def epochs():
+            while True:
+                yield from loader
+        batches = epochs()
 
     stop = threading.Event()
     if args.gil_spinner:
-        threading.Thread(target=_spin, args=(stop,), name="metrics-spinner", daemon=True).start()
+        threading.Thread(target=_spin, args=(stop, args.gil_pause_ms / 1000.0), name="metrics-spinner", daemon=True).start()
 
     t_start = time.time()
     t_last, n_last, n = t_start, 0, 0

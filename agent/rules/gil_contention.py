@@ -1,0 +1,162 @@
+"""gil.contention: the training thread waits for the GIL held by another thread of its process.
+
+Measured in the default run by agent/combiners/gil_wait.py: the share g of the window the training
+thread was inside Python or torch code yet neither on a CPU nor waiting for one (py-spy's stacks
+against /proc's per-thread CPU time and schedstat), while another Python thread of the process was
+busy. Without the GIL the loop would run that time: the expected speedup is 1 / (1 - g), with g's
+measurement error as the interval (docs/models.md). It costs nothing beyond the default probes.
+
+With --deep, measured also by the `gil` probe: in each py-spy dump, the training thread is counted as waiting for
+the GIL when another thread holds it and the training thread is off-CPU, blocked in futex (how
+CPython waits for the GIL), with no deliberate wait (queue, lock, sleep) as its innermost frame.
+The share g of such samples is time the loop could have run Python and did not. If the holder
+stopped holding the GIL that time would return to the loop: the expected speedup is 1 / (1 - g).
+It counts the GIL waits alone: a holder that spins also takes a CPU from the loop, which shows as
+run-queue delay (cpu.oversubscribed), so the real gain can be larger. The scheduler probe
+corroborates it independently: how long the training thread slept, and how often the holder woke
+it (a GIL hand-over wakes the waiter from the holder's thread).
+"""
+from __future__ import annotations
+
+import math
+
+from agent.combiners.gil_wait import gil_wait, suspects
+from agent.evidence import Evidence
+from agent.findings import Fact, Finding, Fix, pct
+from agent.rules import rule
+
+WAIT_SHARE = 0.10            # the training thread waits for the GIL at least this share of samples
+MIN_WAIT_SAMPLES = 3
+
+
+@rule("gil.contention", requires=("gil",), uses=("sched", "pyspy"),
+      description="the training thread waits for the GIL held by another of its threads (py-spy dumps)")
+def gil_contention(ev: Evidence) -> Finding | None:
+    g_ev = ev.get("gil") or {}
+    g = g_ev.get("gil_wait_share")
+    holder = g_ev.get("holder")
+    if g is None or holder is None or g < WAIT_SHARE or (g_ev.get("gil_wait_samples") or 0) < MIN_WAIT_SAMPLES:
+        return None
+    n = int(g_ev.get("training_samples") or 0)
+    name = holder.get("name") or "?"
+    tid = holder.get("tid")
+    frame = holder.get("frame") or "its Python loop"
+    facts = [
+        Fact("gil", "share of samples the training thread waited for the GIL (off-CPU in futex, another "
+                    "thread holding it)", g),
+        Fact("gil", f"thread holding the GIL during those waits: '{name}' (tid {tid}) in {frame}",
+             holder.get("share_of_waits")),
+        Fact("gil", f"share of all samples '{name}' held the GIL", holder.get("gil_share")),
+        Fact("gil", "py-spy dumps taken (non-blocking)", g_ev.get("samples")),
+    ]
+    corroborated = False
+    sched = ev.get("sched") or {}
+    tt = sched.get("training_thread") or {}
+    win = float(sched.get("window_s") or 0.0)
+    if tt and win > 0:
+        facts.append(Fact("sched", "share of the window the training thread slept (S state; GIL waits are sleeps)",
+                          round(tt.get("sleep_seconds", 0.0) / win, 4)))
+    for w in tt.get("woken_by") or []:
+        if w.get("tid") == tid and win > 0:
+            share = round(w["seconds"] / win, 4)
+            facts.append(Fact("sched", f"share of the window the training thread slept until '{name}' woke it "
+                                       f"({w['count']} wake-ups)", share))
+            corroborated = w["count"] >= 10
+    spy = ev.get("pyspy") or {}
+    for o in spy.get("other_threads") or []:
+        if o.get("tid") == tid:
+            facts.append(Fact("pyspy", f"share of '{name}' samples that were busy (not waiting)", o.get("busy_fraction")))
+    speedup = 1.0 / (1.0 - min(g, 0.95))
+    interval = None
+    cpu_g = gil_wait(ev)
+    if cpu_g is not None:
+        # The sampler sees the waits it happens to catch; the training thread's lost CPU time counts
+        # every one of them (a holder that hands the GIL over in short bursts hides from the dumps).
+        g = max(g, cpu_g["g"])
+        speedup, interval = _gain({**cpu_g, "g": g})
+        facts.append(Fact("process", "share of the window the training thread was in Python or torch code but "
+                                     "neither on a CPU nor waiting for one", g))
+    conf = "high" if (n >= 20 and corroborated) else ("medium" if n >= 10 else "low")
+    where = frame.split(" (", 1)[-1].rstrip(")") if "(" in frame else frame
+    fixes = [
+        Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
+            change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
+                   "batches, so the training thread gets the GIL back"),
+        Fix(f"Or move '{name}' out of the training process",
+            change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
+    ]
+    bound = (f"g={g:.2f} of {n} samples the training thread waited for the GIL; if it never waits: "
+             f"1/(1-g)={speedup:.2f}x (GIL waits only: the CPU the holder burns is not counted)")
+    title = f"The training thread waits for the GIL {pct(g)} of the time, held by thread '{name}' (tid {tid})"
+    return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
+                   details={"holder": holder, "gil_wait_share": g, "samples": n, "corroborated_by_sched": corroborated})
+
+
+GIL_SHARE = 0.10              # the default-run estimate must reach this share to make a finding
+
+
+def _gain(m: dict) -> tuple[float, tuple[float, float]]:
+    """1/(1-g) counts the GIL waits alone; a holder that spins also takes a CPU, so part of the
+    training thread's run-queue share r goes with it: 1/(1-g-r) if all of it does. The estimate is
+    the geometric mean of the two, the interval spans them with g's error (docs/models.md)."""
+    g, e, r = m["g"], m["g_err"], m.get("r", 0.0)
+    lo = 1.0 / (1.0 - max(0.0, min(g - e, 0.97)))
+    hi = 1.0 / (1.0 - min(g + r + e, 0.97))
+    gain = math.sqrt(1.0 / (1.0 - min(g, 0.97)) * 1.0 / (1.0 - min(g + r, 0.97)))
+    return gain, (lo, hi)
+
+
+@rule("gil.contention", requires=("pyspy", "process"), uses=("gil",),
+      description="the training thread is off-CPU inside Python code while another Python thread is busy "
+                  "(py-spy stacks against /proc CPU time; default run)")
+def gil_from_cpu_time(ev: Evidence) -> Finding | None:
+    if ev.has("gil"):
+        return None           # the sampler's rule names the holder and reads the same CPU time
+    m = gil_wait(ev)
+    if m is None or not m["suspects"]:
+        return None
+    if m["g"] < GIL_SHARE:
+        return None
+    t = m["suspects"][0]
+    name, tid = t.get("name") or "?", t.get("tid")
+    top = (t.get("top") or [{}])[0].get("stack") or []
+    where = top[-1] if top else "its Python loop"
+    speedup, interval = _gain(m)
+    facts = [
+        Fact("pyspy", "share of the training thread's samples in Python or torch code (not a deliberate wait)", m["b"]),
+        Fact("process", "share of the window the training thread ran on a CPU (/proc)", m["c"]),
+        Fact("process", "share of the window it waited for a CPU (schedstat)", m["r"]),
+        Fact("pyspy", f"Python thread '{name}' (tid {tid}) busy beside the loop, in {where}", t.get("busy_fraction")),
+    ]
+    fixes = [
+        Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
+            change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
+                   "batches, so the training thread gets the GIL back", knobs={"background_thread_holds_gil": False}),
+        Fix(f"Or move '{name}' out of the training process",
+            change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
+    ]
+    bound = (f"g=b-c-r={m['b']:.2f}-{m['c']:.2f}-{m['r']:.2f}={m['g']:.2f} of the window the training thread was "
+             f"blocked inside Python code while '{name}' ran; with the GIL free it runs then, and the holder's CPU is freed: sqrt(1/(1-g) * 1/(1-g-r))={speedup:.2f}x "
+             f"(estimate; g +-{m['g_err']:.2f})")
+    conf = "medium" if m["samples"] >= 50 else "low"
+    title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time while thread '{name}' "
+             f"(tid {tid}) runs Python beside it")
+    return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
+                   details={"holder": {"name": name, "tid": tid}, "gil_wait_share": m["g"], "source": "cpu_time",
+                            "model": {k: m[k] for k in ("b", "c", "r", "g", "g_err", "samples")}})
+
+
+@rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),
+      description="a busy Python thread beside the loop whose GIL share could not be measured")
+def gil_suspect(ev: Evidence) -> Finding | None:
+    """When the GIL wait cannot be measured (no per-thread CPU time) but py-spy shows another Python
+    thread of the training process running most of the time, say so in the notes."""
+    if ev.has("gil") or gil_wait(ev) is not None:
+        return None
+    for t in suspects(ev)[:2]:
+        ev.note(f"Python thread '{t.get('name')}' (tid {t.get('tid')}) was busy {pct(t['busy_fraction'])} of the "
+                "window beside the training thread: if it holds the GIL the loop waits for it; the process probe "
+                "(per-thread CPU time) or `trainprobe diagnose --deep` measures it")
+    return None
+
+

@@ -1,0 +1,102 @@
+"""Predictions against measurements: the validation ledger's bundles, re-diagnosed offline.
+
+tests/data/ledger/KIND.json is a ledger written by `benchmarks/ledger.py --kind KIND` (trimmed to
+what these tests read); bundles/CASE.tar.gz are the bundles it saved while it diagnosed each job.
+Each ledger row measured the job before and after applying the fix trainprobe printed. Here the
+current rules re-diagnose the same evidence, and the test asserts the numbers against what was
+measured: the measured speedup inside the finding's interval, the estimate within 0.8-1.25x of
+it, the right finding first, nothing above 1.2x on a healthy job, and no fix that restates the
+job's current setting. Rows the models do not meet yet are listed in the ledger JSON's `misses`
+with the reason, and are expected failures (strict: a row that starts passing must be taken off
+the list).
+"""
+import json
+
+import pytest
+
+from tests.helpers import DATA, run_cli
+
+LEDGER = DATA / "ledger"
+HEALTHY_MAX = 1.2
+
+
+def rows():
+    out = []
+    for path in sorted(LEDGER.glob("*.json")):
+        led = json.loads(path.read_text())
+        for r in led["rows"]:
+            if (LEDGER / "bundles" / f"{r['case']}.tar.gz").exists() and not r.get("error"):
+                out.append(pytest.param(r, led.get("misses", {}), id=f"{path.stem}-{r['case']}"))
+    return out
+
+
+def rediagnose(case):
+    r = run_cli("report", str(LEDGER / "bundles" / f"{case}.tar.gz"), "--json")
+    assert r.rc == 0, r.err
+    return r.json()
+
+
+def check(ok, detail, misses, case, what):
+    """Assert ok, unless the ledger lists this row as a known miss: then it must still miss (xfail
+    with the recorded reason), and a row that starts passing fails until it is taken off the list."""
+    why = (misses.get(case) or {}).get(what)
+    if why and ok:
+        pytest.fail(f"{case} now meets '{what}': take it off the ledger's misses ({why})")
+    if why:
+        pytest.xfail(why)
+    assert ok, detail
+
+
+ROWS = rows()
+
+
+@pytest.mark.parametrize("row,misses", ROWS)
+def test_top_finding_is_the_one_the_job_was_built_for(row, misses):
+    rep = rediagnose(row["case"])
+    fs = rep["findings"]
+    got = [(f["id"], f["expected_speedup"]) for f in fs]
+    if row["healthy"]:
+        ok = (not fs or fs[0]["id"] == "compute.bound") and all(f["expected_speedup"] <= HEALTHY_MAX for f in fs)
+    else:
+        ok = bool(fs) and fs[0]["id"] == row["expect"]
+    check(ok, got, misses, row["case"], "top")
+
+
+@pytest.mark.parametrize("row,misses", [p for p in ROWS if "measured" in p.values[0]])
+def test_measured_speedup_falls_inside_the_findings_interval(row, misses):
+    f = next((x for x in rediagnose(row["case"])["findings"] if x["id"] == row["finding"]), None)
+    assert f is not None
+    lo, hi = f["expected_speedup_interval"]
+    assert lo <= f["expected_speedup"] <= hi
+    check(lo <= row["measured"] <= hi, (f["expected_speedup"], [lo, hi], row["measured"], row["ratios"]),
+          misses, row["case"], "interval")
+
+
+@pytest.mark.parametrize("row,misses", [p for p in ROWS if "measured" in p.values[0]])
+def test_estimate_is_within_a_quarter_of_the_measured_speedup(row, misses):
+    f = next((x for x in rediagnose(row["case"])["findings"] if x["id"] == row["finding"]), None)
+    assert f is not None
+    check(0.8 <= f["expected_speedup"] / row["measured"] <= 1.25, (f["expected_speedup"], row["measured"]),
+          misses, row["case"], "estimate")
+
+
+CURRENT = {"num_workers": "num_workers", "pin_memory": "pin_memory", "persistent_workers": "persistent_workers",
+           "intra_op_threads": "threads", "prefetch_factor": "prefetch_factor"}
+
+
+@pytest.mark.parametrize("row,misses", ROWS)
+def test_no_fix_restates_the_current_setting(row, misses):
+    before = row["knobs_before"]
+    for f in rediagnose(row["case"])["findings"]:
+        for fx in f["fixes"]:
+            for k, v in (fx.get("knobs") or {}).items():
+                if k in CURRENT and CURRENT[k] in before:
+                    assert before[CURRENT[k]] != v, (f["id"], fx["change"], before)
+
+
+def test_the_ledger_covers_every_cpu_side_rule():
+    led = json.loads((LEDGER / "cpu.json").read_text())
+    covered = {r["expect"] for r in led["rows"]}
+    assert {"dataloader.starved", "gil.contention", "cpu.oversubscribed", "io.small_reads",
+            "compute.bound"} <= covered
+    assert len(led["rows"]) >= 10
