@@ -124,8 +124,18 @@ def tree_usage() -> dict[str, float]:
     """This process since it started plus every child it has reaped (and theirs), from rusage."""
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # ru_maxrss keeps the peak of the process this one was forked from before its exec (a large
+    # parent makes it meaningless); VmHWM is this process's own peak.
     return {"self_cpu_seconds": s.ru_utime + s.ru_stime, "children_cpu_seconds": c.ru_utime + c.ru_stime,
-            "self_max_rss_mb": s.ru_maxrss / 1024.0, "children_max_rss_mb": c.ru_maxrss / 1024.0}
+            "self_max_rss_mb": _status_mb("VmHWM") or s.ru_maxrss / 1024.0, "children_max_rss_mb": c.ru_maxrss / 1024.0}
+
+
+def _status_mb(key: str) -> float:
+    st = procfs.parse_status(procfs.try_read_text("/", f"proc/{os.getpid()}/status") or "")
+    try:
+        return int(st.get(key, "0 kB").split()[0]) / 1024.0
+    except (ValueError, IndexError):
+        return 0.0
 
 
 def process_start_cpu_note() -> str:
@@ -134,9 +144,4 @@ def process_start_cpu_note() -> str:
 
 
 def current_rss_mb() -> float:
-    text = procfs.try_read_text("/", f"proc/{os.getpid()}/status") or ""
-    st = procfs.parse_status(text)
-    try:
-        return int(st.get("VmRSS", "0 kB").split()[0]) / 1024.0
-    except (ValueError, IndexError):
-        return 0.0
+    return _status_mb("VmRSS")

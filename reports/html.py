@@ -388,6 +388,10 @@ def _manifest(report: Mapping[str, Any]) -> list[str]:
             bits.append(f"estimated target slowdown {100 * float(oh['target_slowdown_estimate']):.1f}%")
         out.append(f'<p class="muted">Overhead: {esc(", ".join(bits))}'
                    + (f" ({esc(oh.get('estimate_basis'))})" if oh.get("estimate_basis") else "") + "</p>")
+    from reports.text import sampling_line
+    line = sampling_line(report.get("sampling") or {})
+    if line:
+        out.append(f'<p class="muted">{esc(line)}</p>')
         for name, d in (oh.get("probes") or {}).items():
             out.append(f'<p class="muted">{esc(name)}: {esc(json.dumps(d, default=str))}</p>')
     out.append("</section>")
