@@ -511,14 +511,14 @@ def test_every_check_is_registered_once_reads_what_exists_and_is_documented():
     from agent.preflight.engine import CATEGORY_TIER, all_checks
     from agent.preflight.runner import READS
     from tests.helpers import REPO
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "preflight.md").read_text()
     checks = all_checks()
     ids = [c.id for c in checks]
     assert len(ids) == len(set(ids))
     for c in checks:
         assert c.category in CATEGORY_TIER and c.id.split(".")[0] == c.category
         assert set(c.reads) <= set(READS), c.id
-        assert f"`{c.id}`" in readme, f"{c.id} is not in the README"
+        assert f"`{c.id}`" in readme, f"{c.id} is not in docs/preflight.md"
 
 
 H200_FIXTURE = TREES.parent / "gpu" / "h200-raw.json"
