@@ -370,30 +370,6 @@ def read_pci_gpus(root: str = "/") -> list[dict[str, Any]]:
     return out
 
 
-# PCIe generation by the link rate sysfs prints ('32.0 GT/s PCIe').
-_GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-
-
-def link_gen(speed: str | None) -> int | None:
-    if not speed:
-        return None
-    m = re.match(r"([\d.]+)\s*GT/s", speed)
-    return _GTS_TO_GEN.get(float(m.group(1))) if m else None
-
-
-def link_width(width: str | None) -> int | None:
-    try:
-        return int(str(width).strip().lstrip("x")) if width not in (None, "") else None
-    except ValueError:
-        return None
-
-
-def pci_bdf_from_nvml(bus_id: str) -> str:
-    """NVML '00000000:00:06.0' -> sysfs '0000:00:06.0'."""
-    dom, rest = bus_id.split(":", 1)
-    return f"{int(dom, 16):04x}:{rest.lower()}"
-
-
 # -- trainprobe's own prerequisites -----------------------------------------------------------------
 
 def read_probe_prerequisites(root: str = "/") -> dict[str, Any]:

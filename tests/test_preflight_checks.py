@@ -343,7 +343,8 @@ def test_nvml_reader_stops_after_a_hung_call():
 
 
 def test_affinity_words_and_plain_values():
-    assert gpuhealth.words_to_cpus([0b1011, 1]) == [0, 1, 3, 64]
+    from probes.hw import cpus_from_nvml_words
+    assert cpus_from_nvml_words([0b1011, 1]) == [0, 1, 3, 64]
     assert gpuhealth._plain(b"NVIDIA H200") == "NVIDIA H200"
     from probes.nvml import NA
     assert gpuhealth._plain(NA("not supported on this GPU or driver")) == {"na": "not supported on this GPU or driver"}
