@@ -414,6 +414,19 @@ def test_prometheus_file_parses(tmp_path):
     assert not list(tmp_path.glob(".preflight-*"))      # the temporary file was renamed, not left behind
 
 
+def test_the_exposition_is_prometheus_clients():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from reports import prometheus
+    from tests.helpers import REPO
+    rep = {"host": {"hostname": "h"}, "profile": {"name": "p"}, "status": "ok", "exit_code": 0, "duration_s": 0.1,
+           "started_unix": 1.0, "checks": []}
+    reg = prometheus.registry(rep)
+    assert isinstance(reg, CollectorRegistry)
+    assert prometheus.render(rep) == generate_latest(reg).decode()
+    assert "# HELP" not in (REPO / "reports" / "prometheus.py").read_text()   # nothing hand-formatted
+
+
 def test_label_escaping_survives_the_parser(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
