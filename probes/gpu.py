@@ -29,7 +29,7 @@ from typing import Any
 from probes import procfs
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from probes.errors import Unavailable
-from probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps
+from probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
 from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 
 FORMAT = "trainprobe.nvml/1"
@@ -200,7 +200,7 @@ class _Capturer:
         busid = _text(ident["bus_id"])
         mem = v("memory", "nvmlDeviceGetMemoryInfo")
         ncpu = os.cpu_count() or 64
-        words = v("cpu_affinity", "nvmlDeviceGetCpuAffinity", max(1, (ncpu + 63) // 64))
+        words = v("cpu_affinity", "nvmlDeviceGetCpuAffinity", nvml_affinity_words(ncpu))
         numa = v("numa_node", "nvmlDeviceGetNumaNodeId")
         numa_source = "nvml" if numa is not None else None
         if numa is None and busid:

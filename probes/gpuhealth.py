@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 from probes.errors import Unavailable
 from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
-from probes.hw import cpus_from_nvml_words, format_cpulist
+from probes.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
 
 SCHEMA = "trainprobe.gpuhealth/1"
 
@@ -250,7 +250,7 @@ def read_gpus(indices: list[int] | None = None, call_timeout_s: float = 5.0,
             count = r.call("nvmlDeviceGetCount")
         out["count"] = _plain(count)
         if not is_na(count):
-            ncpu_words = max(1, -(-(os.cpu_count() or 1) // 64))
+            ncpu_words = nvml_affinity_words(os.cpu_count() or 1)
             for i in range(int(count)):
                 if indices is not None and i not in indices:
                     continue

@@ -20,9 +20,10 @@ import time
 from typing import Any
 
 from probes import procfs
+from probes.hw import PCI_VENDOR_NVIDIA
 from probes.errors import PermissionDenied, Unavailable, translate_oserror
 
-NVIDIA_VENDOR = "0x10de"
+NVIDIA_VENDOR = f"{PCI_VENDOR_NVIDIA:#06x}"     # as sysfs prints it: "0x10de"
 # PCI base class 0x03 (display controller): 0x0300 VGA, 0x0302 3D controller. NVSwitches (0x0680)
 # and the GPUs' HDMI audio functions (0x0403) share the vendor id and are not GPUs.
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")

@@ -14,7 +14,7 @@ from probes.procfs import format_cpulist, parse_cpulist
 
 __all__ = [
     "PCIE_GTS", "LANE_GBPS", "pcie_gen", "parse_link_speed", "parse_link_width", "link_gen", "link_gbps",
-    "canonical_bdf", "clean", "parse_cpus", "parse_cpumask", "cpus_from_nvml_words", "cpulist_from_nvml_words", "parse_cpulist", "format_cpulist",
+    "PCI_VENDOR_NVIDIA", "PCI_VENDOR_MELLANOX", "canonical_bdf", "nvml_affinity_words", "clean", "parse_cpus", "parse_cpumask", "cpus_from_nvml_words", "cpulist_from_nvml_words", "parse_cpulist", "format_cpulist",
     "CLOCK_EVENTS", "clock_event_keys", "clock_event_labels",
 ]
 
@@ -77,7 +77,10 @@ def link_gbps(gen: Any, width: Any) -> float | None:
     return LANE_GBPS[gen] * width
 
 
-# -- PCI addresses ----------------------------------------------------------------------------------
+# -- PCI addresses and vendors ----------------------------------------------------------------------------------
+
+PCI_VENDOR_NVIDIA = 0x10DE
+PCI_VENDOR_MELLANOX = 0x15B3
 
 _BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 
@@ -123,6 +126,11 @@ def parse_cpumask(text: str | None) -> list[int]:
             v >>= 1
             bit += 1
     return sorted(cpus)
+
+
+def nvml_affinity_words(ncpu: int) -> int:
+    """How many 64-bit words nvmlDeviceGetCpuAffinity needs to cover `ncpu` CPUs."""
+    return max(1, (ncpu + 63) // 64)
 
 
 def cpus_from_nvml_words(words: list[int] | None) -> list[int]:

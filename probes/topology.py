@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from probes import procfs
-from probes.hw import (canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
+from probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
                        parse_link_width, pcie_gen)
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 
@@ -35,8 +35,7 @@ DEVICE_ATTRS = ("device", "numa_node", "local_cpulist", "local_cpus")
 LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 UPSTREAM_ATTRS = ("max_link_speed", "max_link_width")
 
-VENDOR_NVIDIA = 0x10DE
-VENDOR_MELLANOX = 0x15B3
+VENDOR_NVIDIA, VENDOR_MELLANOX = PCI_VENDOR_NVIDIA, PCI_VENDOR_MELLANOX
 
 
 # -- pure helpers --------------------------------------------------------------------------------
