@@ -51,3 +51,21 @@ def translate_oserror(exc: OSError, what: str) -> ProbeError:
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         return PermissionDenied(f"{what}: permission denied")
     return ProbeError(f"{what}: {exc.strerror or exc}")
+
+
+def translate_psutil_error(exc: Exception, what: str) -> ProbeError:
+    """Map psutil's exceptions to the taxonomy: a zombie or a vanished process is gone, access
+    denied is a permission problem, psutil's timeout is a timeout."""
+    import psutil
+
+    if isinstance(exc, psutil.ZombieProcess):
+        return TargetGone(f"{what}: the process is a zombie (it exited; its parent has not reaped it)")
+    if isinstance(exc, psutil.NoSuchProcess):
+        return TargetGone(f"{what}: no longer exists")
+    if isinstance(exc, psutil.AccessDenied):
+        return PermissionDenied(f"{what}: permission denied")
+    if isinstance(exc, psutil.TimeoutExpired):
+        return TimedOut(f"{what}: did not answer in time")
+    if isinstance(exc, OSError):
+        return translate_oserror(exc, what)
+    return ProbeError(f"{what}: {exc}")

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from probes.errors import TargetGone
 
 NODE_DIR = "sys/devices/system/node"
@@ -380,9 +380,7 @@ class PlacementProbe(Probe):
     timeout_s = 15.0
 
     def check(self, spec: WatchSpec) -> Availability:
-        if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):
-            return Availability.no(f"process {spec.pid} does not exist")
-        return Availability.yes()
+        return target_exists(spec)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         t0, m0 = time.time(), time.monotonic()

@@ -1,14 +1,21 @@
 """Readers and pure parsers for /proc and /sys. Every reader takes a root (default "/").
 
-Parsers take text and return values; readers join a root and a path, read, and translate
-OSErrors into the probes.errors taxonomy.
+Process facts (the process tree, threads, CPU times, context switches, affinity, memory) come
+from psutil, through `process()` and the helpers below, with psutil's exceptions translated into
+the probes.errors taxonomy. /proc is read directly only for what psutil lacks: per-thread names,
+states, context switches and last CPU, schedstat, numa_maps, wchan, syscall, the cgroup, the
+mapped libraries, and the whitelisted environment keys. Parsers take text and return values;
+readers join a root and a path, read, and translate OSErrors into the taxonomy.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from probes.errors import translate_oserror
+import psutil
+
+from probes.errors import ProbeError, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -164,42 +171,97 @@ def parse_cgroup_v2_path(text: str | None) -> str | None:
     return None
 
 
-# -- readers ------------------------------------------------------------------------------------
+# -- processes, through psutil -------------------------------------------------------------------
 
-def children_of(pid: int, root: str = "/") -> list[int]:
-    """Direct children of a process, from /proc/PID/task/*/children."""
-    kids: list[int] = []
+# psutil's own names for the states /proc/PID/stat prints as one letter.
+PSUTIL_STATE = {
+    psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X", psutil.STATUS_WAKING: "W", psutil.STATUS_PARKED: "P", psutil.STATUS_IDLE: "I",
+}
+
+
+def _use_root(root: str) -> None:
+    # psutil reads one /proc per interpreter; trainprobe uses one root per run.
+    want = path(root, "proc") if root not in ("", "/") else "/proc"
+    if psutil.PROCFS_PATH != want:
+        psutil.PROCFS_PATH = want
+
+
+def process(pid: int, root: str = "/") -> psutil.Process:
+    """psutil's handle on a process; a missing one raises TargetGone (the taxonomy, not psutil's)."""
+    _use_root(root)
+    try:
+        return psutil.Process(pid)
+    except psutil.Error as exc:
+        raise translate_psutil_error(exc, f"process {pid}") from None
+
+
+@contextmanager
+def ps_errors(what: str) -> Iterator[None]:
+    """Translate psutil's exceptions raised inside the block into the taxonomy."""
+    try:
+        yield
+    except psutil.Error as exc:
+        raise translate_psutil_error(exc, what) from None
+
+
+def state_letter(status: str) -> str:
+    """psutil's status ('sleeping') -> the letter of /proc/PID/stat ('S')."""
+    return PSUTIL_STATE.get(status, "?")
+
+
+def _captured_children(pid: int, root: str) -> list[int]:
+    # A captured tree is a few processes' files, not a whole /proc that psutil could read: its
+    # tree is in each task's `children` file.
+    kids: set[int] = set()
     tasks = path(root, f"proc/{pid}/task")
     try:
         tids = os.listdir(tasks)
     except OSError as exc:
         raise translate_oserror(exc, tasks) from None
     for tid in tids:
-        text = try_read_text(root, f"proc/{pid}/task/{tid}/children")
-        if text:
-            kids.extend(int(x) for x in text.split())
-    return sorted(set(kids))
+        kids.update(int(x) for x in (try_read_text(root, f"proc/{pid}/task/{tid}/children") or "").split())
+    return sorted(kids)
+
+
+def children_of(pid: int, root: str = "/") -> list[int]:
+    """Direct children of a process (psutil on the live host; a captured tree's children files)."""
+    if root not in ("", "/"):
+        return _captured_children(pid, root)
+    with ps_errors(f"process {pid}"):
+        return sorted(c.pid for c in process(pid, root).children())
 
 
 def descendants_of(pid: int, root: str = "/") -> list[tuple[int, int]]:
-    """(pid, parent pid) for every descendant, breadth first. Vanished processes are skipped."""
-    out: list[tuple[int, int]] = []
-    frontier = [pid]
-    seen = {pid}
-    while frontier:
-        nxt: list[int] = []
-        for p in frontier:
+    """(pid, parent pid) for every descendant. Processes that vanish during the walk are skipped."""
+    if root not in ("", "/"):
+        out: list[tuple[int, int]] = []
+        frontier, seen = [pid], {pid}
+        while frontier:
+            p = frontier.pop(0)
             try:
-                kids = children_of(p, root)
-            except Exception:  # noqa: BLE001 - a process that exits mid-walk has no children
+                kids = _captured_children(p, root)
+            except ProbeError:
                 continue
             for k in kids:
                 if k not in seen:
                     seen.add(k)
                     out.append((k, p))
-                    nxt.append(k)
-        frontier = nxt
-    return out
+                    frontier.append(k)
+        return out
+    try:
+        with ps_errors(f"process {pid}"):
+            procs = process(pid, root).children(recursive=True)
+    except ProbeError:
+        return []
+    tree: list[tuple[int, int]] = []
+    for k in procs:
+        try:
+            tree.append((k.pid, k.ppid()))
+        except psutil.Error:
+            continue
+    return tree
 
 
 def cpus_online(root: str = "/") -> list[int]:
