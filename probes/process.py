@@ -1,14 +1,13 @@
 """Process probe: the target's process tree, its threads and their CPU over the window.
 
-Through psutil, for the target and its descendants: the tree, parent, state, thread count, CPU
-times, CPU affinity, resident memory and command line, and each thread's CPU times. From /proc,
-what psutil lacks: each thread's name, state, context switches and last CPU
-(/proc/PID/task/TID/{stat,status}) and run-queue delay (schedstat), Mems_allowed_list, the cgroup
-and the mapped libraries. Read once at the start and once at the end of the window; the
-descendants are listed every 0.5 s in between to see DataLoader workers come and go. Of a process
+Through psutil, for the target and its descendants: parent, state, thread count, CPU times, CPU
+affinity, resident memory and command line, and each thread's CPU times. From /proc, what psutil
+lacks: each thread's name, state, context switches and last CPU (/proc/PID/task/TID/{stat,status})
+and run-queue delay (schedstat), Mems_allowed_list, the cgroup, the mapped libraries, and the
+kernel's child lists (procfs.descendants_of). Read once at the start and once at the end of the
+window; the descendants are listed every 0.5 s in between to see DataLoader workers come and go. Of a process
 environment it reads only CUDA_VISIBLE_DEVICES and LOCAL_RANK. Cost: a few hundred small file
-reads, plus one pass over /proc/*/stat per listing (psutil's process tree); no signal, no ptrace,
-nothing attached.
+reads; no signal, no ptrace, nothing attached.
 """
 from __future__ import annotations
 

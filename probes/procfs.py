@@ -1,10 +1,12 @@
 """Readers and pure parsers for /proc and /sys. Every reader takes a root (default "/").
 
-Process facts (the process tree, threads, CPU times, context switches, affinity, memory) come
+Process facts (parents, states, threads, CPU times, context switches, affinity, memory) come
 from psutil, through `process()` and the helpers below, with psutil's exceptions translated into
 the probes.errors taxonomy. /proc is read directly only for what psutil lacks: per-thread names,
 states, context switches and last CPU, schedstat, numa_maps, wchan, syscall, the cgroup, the
-mapped libraries, and the whitelisted environment keys. Parsers take text and return values;
+mapped libraries, the whitelisted environment keys, and the kernel's own child lists (psutil
+finds children by reading every process's stat file, which costs too much to repeat every 0.25 s
+on a busy node; it stays the fallback where the kernel keeps no child list). Parsers take text and return values;
 readers join a root and a path, read, and translate OSErrors into the taxonomy.
 """
 from __future__ import annotations
@@ -193,7 +195,7 @@ def process(pid: int, root: str = "/") -> psutil.Process:
     _use_root(root)
     try:
         return psutil.Process(pid)
-    except psutil.Error as exc:
+    except (psutil.Error, OSError) as exc:   # OSError: a root that is no whole /proc
         raise translate_psutil_error(exc, f"process {pid}") from None
 
 
@@ -202,7 +204,7 @@ def ps_errors(what: str) -> Iterator[None]:
     """Translate psutil's exceptions raised inside the block into the taxonomy."""
     try:
         yield
-    except psutil.Error as exc:
+    except (psutil.Error, OSError) as exc:
         raise translate_psutil_error(exc, what) from None
 
 
@@ -211,57 +213,54 @@ def state_letter(status: str) -> str:
     return PSUTIL_STATE.get(status, "?")
 
 
-def _captured_children(pid: int, root: str) -> list[int]:
-    # A captured tree is a few processes' files, not a whole /proc that psutil could read: its
-    # tree is in each task's `children` file.
-    kids: set[int] = set()
+def _listed_children(pid: int, root: str) -> list[int] | None:
+    """The kernel's own list of a process's children (/proc/PID/task/*/children): it costs a read
+    per thread of the process, where psutil's children() reads the stat file of every process on
+    the host. None when the kernel has no such file (built without CONFIG_PROC_CHILDREN)."""
     tasks = path(root, f"proc/{pid}/task")
     try:
         tids = os.listdir(tasks)
     except OSError as exc:
         raise translate_oserror(exc, tasks) from None
+    kids: set[int] = set()
+    listed = False
     for tid in tids:
-        kids.update(int(x) for x in (try_read_text(root, f"proc/{pid}/task/{tid}/children") or "").split())
-    return sorted(kids)
+        text = try_read_text(root, f"proc/{pid}/task/{tid}/children")
+        if text is not None:
+            listed = True
+            kids.update(int(x) for x in text.split())
+    return sorted(kids) if listed or not tids else None
 
 
 def children_of(pid: int, root: str = "/") -> list[int]:
-    """Direct children of a process (psutil on the live host; a captured tree's children files)."""
+    """Direct children of a process: the kernel's list where it keeps one, else psutil's scan.
+    A captured tree is read from its files only (psutil reads a whole live /proc)."""
+    kids = _listed_children(pid, root)
+    if kids is not None:
+        return kids
     if root not in ("", "/"):
-        return _captured_children(pid, root)
+        return []
     with ps_errors(f"process {pid}"):
         return sorted(c.pid for c in process(pid, root).children())
 
 
 def descendants_of(pid: int, root: str = "/") -> list[tuple[int, int]]:
-    """(pid, parent pid) for every descendant. Processes that vanish during the walk are skipped."""
-    if root not in ("", "/"):
-        out: list[tuple[int, int]] = []
-        frontier, seen = [pid], {pid}
-        while frontier:
-            p = frontier.pop(0)
-            try:
-                kids = _captured_children(p, root)
-            except ProbeError:
-                continue
-            for k in kids:
-                if k not in seen:
-                    seen.add(k)
-                    out.append((k, p))
-                    frontier.append(k)
-        return out
-    try:
-        with ps_errors(f"process {pid}"):
-            procs = process(pid, root).children(recursive=True)
-    except ProbeError:
-        return []
-    tree: list[tuple[int, int]] = []
-    for k in procs:
+    """(pid, parent pid) for every descendant, breadth first. Processes that vanish during the walk
+    are skipped."""
+    out: list[tuple[int, int]] = []
+    frontier, seen = [pid], {pid}
+    while frontier:
+        p = frontier.pop(0)
         try:
-            tree.append((k.pid, k.ppid()))
-        except psutil.Error:
+            kids = children_of(p, root)
+        except ProbeError:    # a process that exits mid-walk has no children
             continue
-    return tree
+        for k in kids:
+            if k not in seen:
+                seen.add(k)
+                out.append((k, p))
+                frontier.append(k)
+    return out
 
 
 def cpus_online(root: str = "/") -> list[int]:

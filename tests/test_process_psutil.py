@@ -65,9 +65,11 @@ def test_a_zombie_is_named_and_refused():
 def test_psutil_facts_agree_with_the_raw_proc_files():
     # A sleeping process: nothing moves between the two reads.
     p = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
-                          "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"])
+                          "threading.Thread(target=time.sleep, args=(30,)).start(); print('ready', flush=True)\n"
+                          "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
         raw = {"stat": procfs.read_text("/", f"proc/{p.pid}/stat"),
                "status": procfs.read_text("/", f"proc/{p.pid}/status")}
         snap = _snapshot_process("/", p.pid)
