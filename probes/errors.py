@@ -58,14 +58,15 @@ def translate_psutil_error(exc: Exception, what: str) -> ProbeError:
     denied is a permission problem, psutil's timeout is a timeout."""
     import psutil
 
-    if isinstance(exc, psutil.ZombieProcess):
-        return TargetGone(f"{what}: the process is a zombie (it exited; its parent has not reaped it)")
-    if isinstance(exc, psutil.NoSuchProcess):
-        return TargetGone(f"{what}: no longer exists")
-    if isinstance(exc, psutil.AccessDenied):
-        return PermissionDenied(f"{what}: permission denied")
-    if isinstance(exc, psutil.TimeoutExpired):
-        return TimedOut(f"{what}: did not answer in time")
+    table = (  # most specific first: ZombieProcess is a NoSuchProcess
+        (psutil.ZombieProcess, TargetGone, "the process is a zombie (it exited; its parent has not reaped it)"),
+        (psutil.NoSuchProcess, TargetGone, "no longer exists"),
+        (psutil.AccessDenied, PermissionDenied, "permission denied"),
+        (psutil.TimeoutExpired, TimedOut, "did not answer in time"),
+    )
+    for psutil_cls, ours, words in table:
+        if isinstance(exc, psutil_cls):
+            return ours(f"{what}: {words}")
     if isinstance(exc, OSError):
         return translate_oserror(exc, what)
     return ProbeError(f"{what}: {exc}")

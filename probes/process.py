@@ -110,11 +110,7 @@ class ProcessProbe(Probe):
         for p, _ in tree0:   # ranks under a launcher load CUDA, the launcher does not
             if p != spec.pid and "LOCAL_RANK" in env.get(str(p), {}):
                 libs = sorted(set(libs) | set(_libraries(root, p)))
-        try:
-            with procfs.ps_errors(f"process {spec.pid}"):
-                exe = procfs.process(spec.pid, root).exe() or None
-        except ProbeError:
-            exe = None
+        exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
         timeline: list[dict[str, Any]] = [{"t_unix": t0, "pids": [p for p, _ in tree0]}]
@@ -151,11 +147,7 @@ class ProcessProbe(Probe):
 
 
 def _is_zombie(root: str, pid: int) -> bool:
-    try:
-        with procfs.ps_errors(f"process {pid}"):
-            return procfs.process(pid, root).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except ProbeError:
-        return True
+    return procfs.process_fact(pid, "status", root) in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def _proc_facts(snap: dict[str, Any]) -> dict[str, Any]:

@@ -208,6 +208,16 @@ def ps_errors(what: str) -> Iterator[None]:
         raise translate_psutil_error(exc, what) from None
 
 
+def process_fact(pid: int, fact: str, root: str = "/") -> Any:
+    """One psutil fact of a process ('ppid', 'status', 'cpu_times', 'exe'), or None when the process
+    is gone or unreadable."""
+    try:
+        with ps_errors(f"process {pid}"):
+            return getattr(process(pid, root), fact)()
+    except ProbeError:
+        return None
+
+
 def state_letter(status: str) -> str:
     """psutil's status ('sleeping') -> the letter of /proc/PID/stat ('S')."""
     return PSUTIL_STATE.get(status, "?")

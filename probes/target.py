@@ -103,10 +103,8 @@ def can_ptrace(info: ProcessInfo, root: str = "/") -> tuple[bool, str | None]:
         while p > 1:
             if p == me:
                 return True, None
-            try:
-                with procfs.ps_errors(f"process {p}"):
-                    p = procfs.process(p, root).ppid()
-            except ProbeError:
+            p = procfs.process_fact(p, "ppid", root)
+            if p is None:
                 break
         return False, (f"kernel.yama.ptrace_scope is 1 and PID {info.pid} is not a child of trainprobe: "
                        "run with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`")
@@ -149,10 +147,8 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
     def tree_cpu(pid: int) -> tuple[float, int]:
         total, n = 0.0, 0
         for p in [pid] + [d for d, _ in procfs.descendants_of(pid, root)]:
-            try:
-                with procfs.ps_errors(f"process {p}"):
-                    times = procfs.process(p, root).cpu_times()
-            except ProbeError:
+            times = procfs.process_fact(p, "cpu_times", root)
+            if times is None:
                 continue
             total += times.user + times.system
             n += 1
@@ -172,11 +168,7 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
 
 def is_alive(pid: int, root: str = "/") -> bool:
     """True while the process exists and is not a zombie."""
-    try:
-        with procfs.ps_errors(f"process {pid}"):
-            return procfs.process(pid, root).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except ProbeError:
-        return False
+    return procfs.process_fact(pid, "status", root) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def launcher_of(pid: int, root: str = "/") -> int | None:
