@@ -386,6 +386,13 @@ def _by_command(kids: list[ChildCost]) -> dict[str, dict[str, float]]:
     return out
 
 
+def target_exists(spec: WatchSpec) -> Availability:
+    """The check of a probe that needs nothing but the target's /proc entries."""
+    if not os.path.isdir(os.path.join(spec.root, "proc", str(spec.pid))):
+        return Availability.no(f"process {spec.pid} does not exist")
+    return Availability.yes()
+
+
 def describe(probe: Probe) -> dict[str, Any]:
     return {"name": probe.name, "description": probe.description, "needs": list(probe.needs),
             "cost": probe.cost, "timeout_s": probe.timeout_s}

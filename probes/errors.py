@@ -51,3 +51,22 @@ def translate_oserror(exc: OSError, what: str) -> ProbeError:
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         return PermissionDenied(f"{what}: permission denied")
     return ProbeError(f"{what}: {exc.strerror or exc}")
+
+
+def translate_psutil_error(exc: Exception, what: str) -> ProbeError:
+    """Map psutil's exceptions to the taxonomy: a zombie or a vanished process is gone, access
+    denied is a permission problem, psutil's timeout is a timeout."""
+    import psutil
+
+    table = (  # most specific first: ZombieProcess is a NoSuchProcess
+        (psutil.ZombieProcess, TargetGone, "the process is a zombie (it exited; its parent has not reaped it)"),
+        (psutil.NoSuchProcess, TargetGone, "no longer exists"),
+        (psutil.AccessDenied, PermissionDenied, "permission denied"),
+        (psutil.TimeoutExpired, TimedOut, "did not answer in time"),
+    )
+    for psutil_cls, ours, words in table:
+        if isinstance(exc, psutil_cls):
+            return ours(f"{what}: {words}")
+    if isinstance(exc, OSError):
+        return translate_oserror(exc, what)
+    return ProbeError(f"{what}: {exc}")

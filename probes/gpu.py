@@ -32,7 +32,8 @@ from typing import Any
 from probes import procfs
 from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from probes.errors import Unavailable
-from probes.nvml import NA, Nvml, is_na
+from probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
+from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 
 FORMAT = "trainprobe.nvml/1"
 POLL_S = 1.0                   # power, temperature, PCIe throughput, memory used, clock reasons
@@ -50,16 +51,6 @@ MEMORY_UTILIZATION_SAMPLES = 2
 PCIE_TX, PCIE_RX = 0, 1
 TEMPERATURE_GPU = 0
 
-CLOCK_EVENT_REASONS = (
-    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
-)
-
-# Per-lane signalling rate (GT/s) and line-code efficiency of each PCIe generation: the link's
-# one-direction ceiling is rate x lanes x efficiency / 8 GB/s (Gen5 x16: 63.0 GB/s).
-PCIE_LANE = {1: (2.5, 0.8), 2: (5.0, 0.8), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130),
-             5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}
 
 # Keys of one GPU's record in nvml.json (the older single-GPU layout has them at the top level).
 PER_GPU_KEYS = ("device", "gpu_util", "mem_util", "proc_util", "polls", "pcie_tx_kbs", "pcie_rx_kbs",
@@ -207,23 +198,23 @@ class _Capturer:
     # -- once per GPU ---------------------------------------------------------------------------
     def _device(self, g: dict[str, Any], h: Any, system: dict[str, Any]) -> dict[str, Any]:
         v = lambda what, name, *a: self._val(g, what, name, h, *a)  # noqa: E731
-        pci = v("pci", "nvmlDeviceGetPciInfo")
-        busid = _text(getattr(pci, "busId", None)) if pci is not None else None
+        call = lambda what, name, *a: self._val(g, what, name, *a)  # noqa: E731
+        ident = read_device_identity(call, h)
+        busid = _text(ident["bus_id"])
         mem = v("memory", "nvmlDeviceGetMemoryInfo")
         ncpu = os.cpu_count() or 64
-        words = v("cpu_affinity", "nvmlDeviceGetCpuAffinity", max(1, (ncpu + 63) // 64))
+        words = v("cpu_affinity", "nvmlDeviceGetCpuAffinity", nvml_affinity_words(ncpu))
         numa = v("numa_node", "nvmlDeviceGetNumaNodeId")
         numa_source = "nvml" if numa is not None else None
         if numa is None and busid:
             numa = self._sysfs_numa(busid)
             numa_source = "sysfs" if numa is not None else None
+        link = read_pcie_link(call, h)
         return {
-            "name": _text(v("name", "nvmlDeviceGetName")), "uuid": _text(v("uuid", "nvmlDeviceGetUUID")),
-            "busid": busid,
-            "pcie_gen": v("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
-            "pcie_width": v("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
-            "pcie_max_gen": v("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
-            "pcie_max_width": v("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
+            "name": _text(ident["name"]), "uuid": _text(ident["uuid"]),
+            "bus_id": busid,
+            "pcie_gen": link["gen"], "pcie_width": link["width"],
+            "pcie_max_gen": link["max_gen"], "pcie_max_width": link["max_width"],
             "cpu_affinity_words": [int(w) for w in words] if words is not None else None,
             "numa_node": numa, "numa_source": numa_source,
             "mem_total": getattr(mem, "total", None) if mem is not None else None,
@@ -233,9 +224,9 @@ class _Capturer:
         }
 
     def _sysfs_numa(self, busid: str) -> int | None:
-        # NVML's "00000000:00:06.0" is sysfs's "0000:00:06.0".
-        dom, rest = busid.split(":", 1)
-        bdf = f"{dom[-4:]}:{rest}".lower()
+        bdf = canonical_bdf(busid)
+        if bdf is None:
+            return None
         path = procfs.path(self.spec.root, f"sys/bus/pci/devices/{bdf}/numa_node")
         try:
             text = self.rec.read_file(path, artifact=f"numa_node:{bdf}")
@@ -372,26 +363,14 @@ def normalise(d: dict[str, Any]) -> dict[str, Any]:
             "ended_unix_us": d.get("ended_unix_us"), "system": {"driver": dev.get("driver")}, "gpus": [g]}
 
 
-def cpulist_from_words(words: list[int] | None) -> str | None:
-    """NVML's CPU affinity bitmask (64-bit words, CPU 0 in bit 0 of word 0) -> '0-15,32-47'."""
-    if not words:
-        return None
-    cpus = [w * 64 + b for w, word in enumerate(words) for b in range(64) if (int(word) >> b) & 1]
-    return procfs.format_cpulist(cpus) if cpus else None
+cpulist_from_words = cpulist_from_nvml_words
+decode_clock_reasons = clock_event_keys
 
 
 def pcie_link_gbps(gen: Any, width: Any) -> float | None:
-    """One direction's ceiling of a PCIe link in GB/s (Gen5 x16: 63.0)."""
-    if not isinstance(gen, int) or not isinstance(width, int) or gen not in PCIE_LANE or width <= 0:
-        return None
-    rate, eff = PCIE_LANE[gen]
-    return round(rate * width * eff / 8.0, 2)
-
-
-def decode_clock_reasons(mask: Any) -> list[str]:
-    if not isinstance(mask, int):
-        return []
-    return [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+    """One direction's ceiling of a PCIe link in GB/s, to the report's precision (Gen5 x16: 63.02)."""
+    gbps = link_gbps(gen, width)
+    return None if gbps is None else round(gbps, 2)
 
 
 def sample_period_s(samples: list[list[Any]]) -> float | None:
@@ -560,7 +539,7 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         dev = g.get("device") or {}
         numa = dev.get("numa_node")
         gpus.append({
-            "index": idx, "name": dev.get("name"), "uuid": dev.get("uuid"), "bus_id": dev.get("busid"),
+            "index": idx, "name": dev.get("name"), "uuid": dev.get("uuid"), "bus_id": dev.get("bus_id", dev.get("busid")),
             "pcie": {"gen": dev.get("pcie_gen"), "width": dev.get("pcie_width"),
                      "max_gen": dev.get("pcie_max_gen"), "max_width": dev.get("pcie_max_width"),
                      "link_gbps": pcie_link_gbps(dev.get("pcie_gen"), dev.get("pcie_width")),

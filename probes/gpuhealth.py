@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from probes.errors import Unavailable
-from probes.nvml import NA, Nvml, is_na
-from probes.procfs import format_cpulist
+from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from probes.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
 
 SCHEMA = "trainprobe.gpuhealth/1"
 
@@ -55,11 +55,6 @@ def _plain(v: Any) -> Any:
         return str(v)
 
 
-def words_to_cpus(words: list[int]) -> list[int]:
-    """nvmlDeviceGetCpuAffinity words: word k, bit b is CPU 64k+b."""
-    return [64 * k + b for k, w in enumerate(words) for b in range(64) if (int(w) >> b) & 1]
-
-
 class _Reader:
     def __init__(self, nv: Nvml):
         self.nv = nv
@@ -75,6 +70,10 @@ class _Reader:
         if is_na(v) and "did not return within" in v.reason:
             self.hung = name
         return v
+
+    def call_what(self, what: str, name: str, *args: Any) -> Any:
+        """`call` in the shape the shared device readers of probes.nvml use."""
+        return self.call(name, *args)
 
     @contextmanager
     def timed(self, group: str) -> Iterator[None]:
@@ -104,10 +103,7 @@ def _read_device(r: _Reader, index: int, ncpu_words: int) -> dict[str, Any]:
         return {"index": index, "handle": {"na": h.reason}}
     d: dict[str, Any] = {"index": index}
     with r.timed("identity"):
-        d["name"] = _plain(r.call("nvmlDeviceGetName", h))
-        d["uuid"] = _plain(r.call("nvmlDeviceGetUUID", h))
-        pci = r.call("nvmlDeviceGetPciInfo", h)
-        d["bus_id"] = _plain(getattr(pci, "busId", pci) if not is_na(pci) else pci)
+        d.update({k: _plain(v) for k, v in read_device_identity(r.call_what, h).items()})
         d["vbios"] = _plain(r.call("nvmlDeviceGetVbiosVersion", h))
     with r.timed("modes"):
         d["persistence_mode"] = _plain(r.call("nvmlDeviceGetPersistenceMode", h))
@@ -172,10 +168,7 @@ def _read_device(r: _Reader, index: int, ncpu_words: int) -> dict[str, Any]:
         d["power_default_limit_mw"] = _plain(r.call("nvmlDeviceGetPowerManagementDefaultLimit", h))
     with r.timed("pcie"):
         d["pcie"] = {
-            "gen": _plain(r.call("nvmlDeviceGetCurrPcieLinkGeneration", h)),
-            "width": _plain(r.call("nvmlDeviceGetCurrPcieLinkWidth", h)),
-            "max_gen": _plain(r.call("nvmlDeviceGetMaxPcieLinkGeneration", h)),
-            "max_width": _plain(r.call("nvmlDeviceGetMaxPcieLinkWidth", h)),
+            **{k: _plain(v) for k, v in read_pcie_link(r.call_what, h).items()},
             "gpu_max_gen": _plain(r.call("nvmlDeviceGetGpuMaxPcieLinkGeneration", h)),
             "replay_counter": _plain(r.call("nvmlDeviceGetPcieReplayCounter", h)),
         }
@@ -209,7 +202,7 @@ def _read_device(r: _Reader, index: int, ncpu_words: int) -> dict[str, Any]:
             d["cpu_affinity"] = {"na": words.reason}
         else:
             w = [int(x) for x in words]
-            d["cpu_affinity"] = {"words": w, "cpulist": format_cpulist(words_to_cpus(w))}
+            d["cpu_affinity"] = {"words": w, "cpulist": format_cpulist(cpus_from_nvml_words(w))}
         d["numa_node"] = _plain(r.call("nvmlDeviceGetNumaNodeId", h))
     return d
 
@@ -257,7 +250,7 @@ def read_gpus(indices: list[int] | None = None, call_timeout_s: float = 5.0,
             count = r.call("nvmlDeviceGetCount")
         out["count"] = _plain(count)
         if not is_na(count):
-            ncpu_words = max(1, -(-(os.cpu_count() or 1) // 64))
+            ncpu_words = nvml_affinity_words(os.cpu_count() or 1)
             for i in range(int(count)):
                 if indices is not None and i not in indices:
                     continue

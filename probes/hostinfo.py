@@ -20,9 +20,10 @@ import time
 from typing import Any
 
 from probes import procfs
+from probes.hw import PCI_VENDOR_NVIDIA
 from probes.errors import PermissionDenied, Unavailable, translate_oserror
 
-NVIDIA_VENDOR = "0x10de"
+NVIDIA_VENDOR = f"{PCI_VENDOR_NVIDIA:#06x}"     # as sysfs prints it: "0x10de"
 # PCI base class 0x03 (display controller): 0x0300 VGA, 0x0302 3D controller. NVSwitches (0x0680)
 # and the GPUs' HDMI audio functions (0x0403) share the vendor id and are not GPUs.
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
@@ -368,30 +369,6 @@ def read_pci_gpus(root: str = "/") -> list[dict[str, Any]]:
             "aer_dev_nonfatal": _opt(root, f"{rel}/aer_dev_nonfatal"),
         })
     return out
-
-
-# PCIe generation by the link rate sysfs prints ('32.0 GT/s PCIe').
-_GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-
-
-def link_gen(speed: str | None) -> int | None:
-    if not speed:
-        return None
-    m = re.match(r"([\d.]+)\s*GT/s", speed)
-    return _GTS_TO_GEN.get(float(m.group(1))) if m else None
-
-
-def link_width(width: str | None) -> int | None:
-    try:
-        return int(str(width).strip().lstrip("x")) if width not in (None, "") else None
-    except ValueError:
-        return None
-
-
-def pci_bdf_from_nvml(bus_id: str) -> str:
-    """NVML '00000000:00:06.0' -> sysfs '0000:00:06.0'."""
-    dom, rest = bus_id.split(":", 1)
-    return f"{int(dom, 16):04x}:{rest.lower()}"
 
 
 # -- trainprobe's own prerequisites -----------------------------------------------------------------

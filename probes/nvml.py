@@ -174,3 +174,24 @@ class Nvml:
 
     def const(self, name: str, default: Any = None) -> Any:
         return getattr(self.pynvml, name, default) if self.pynvml is not None else default
+
+
+# -- the device facts diagnose's gpu probe and preflight's gpuhealth reader both read ----------------
+
+def read_device_identity(call: Any, handle: Any) -> dict[str, Any]:
+    """A GPU's name, UUID and PCI bus id (NVML's form, '00000000:18:00.0'; probes.hw.canonical_bdf
+    gives sysfs'). `call(what, nvml_function, *args)` is the caller's bounded call: it returns the
+    value, or an NA (or None) when NVML could not say."""
+    name = call("name", "nvmlDeviceGetName", handle)
+    uuid = call("uuid", "nvmlDeviceGetUUID", handle)
+    pci = call("pci", "nvmlDeviceGetPciInfo", handle)
+    return {"name": name, "uuid": uuid,
+            "bus_id": pci if pci is None or is_na(pci) else getattr(pci, "busId", pci)}
+
+
+def read_pcie_link(call: Any, handle: Any) -> dict[str, Any]:
+    """A GPU's current and maximum PCIe generation and width, as NVML reports them."""
+    return {"gen": call("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "width": call("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "max_gen": call("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "max_width": call("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle)}

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from probes.errors import TargetGone
 
 NODE_DIR = "sys/devices/system/node"
@@ -391,9 +391,7 @@ class PlacementProbe(Probe):
     cost_cpu_s_per_process = 0.01
 
     def check(self, spec: WatchSpec) -> Availability:
-        if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):
-            return Availability.no(f"process {spec.pid} does not exist")
-        return Availability.yes()
+        return target_exists(spec)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         t0, m0 = time.time(), time.monotonic()

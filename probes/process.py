@@ -1,10 +1,13 @@
 """Process probe: the target's process tree, its threads and their CPU over the window.
 
-Reads /proc/PID/{stat,status,cmdline,cgroup,maps} of the target and its descendants and
-/proc/PID/task/TID/{stat,status,schedstat} of every thread, once at the start and once at the end
-of the window, and lists the descendants every 0.5 s in between to see DataLoader workers come and
-go. Of a process environment it reads only CUDA_VISIBLE_DEVICES and LOCAL_RANK. Cost: a few hundred
-small file reads; no signal, no ptrace, nothing attached.
+Through psutil, for the target and its descendants: parent, state, thread count, CPU times, CPU
+affinity, resident memory and command line, and each thread's CPU times. From /proc, what psutil
+lacks: each thread's name, state, context switches and last CPU (/proc/PID/task/TID/{stat,status})
+and run-queue delay (schedstat), Mems_allowed_list, the cgroup, the mapped libraries, and the
+kernel's child lists (procfs.descendants_of). Read once at the start and once at the end of the
+window; the descendants are listed every 0.5 s in between to see DataLoader workers come and go. Of a process
+environment it reads only CUDA_VISIBLE_DEVICES and LOCAL_RANK. Cost: a few hundred small file
+reads; no signal, no ptrace, nothing attached.
 """
 from __future__ import annotations
 
@@ -14,30 +17,42 @@ import re
 import time
 from typing import Any
 
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import TargetGone
+import psutil
+
+from probes import procfs, redact
+from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
 LIB_MARKERS = ("libtorch", "libcuda.so", "libcudart", "libnccl", "libpython", "libgomp", "libiomp")
 
 
 def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
+    """One process's facts (psutil) and its threads' raw task files (what psutil lacks)."""
     base = f"proc/{pid}"
     try:
-        stat = procfs.read_text(root, f"{base}/stat")
-        status = procfs.read_text(root, f"{base}/status")
-    except Exception:  # noqa: BLE001 - the process exited between listing and reading
+        proc = procfs.process(pid, root)
+        with procfs.ps_errors(f"process {pid}"), proc.oneshot():
+            times = proc.cpu_times()
+            ps: dict[str, Any] = {
+                "ppid": proc.ppid(), "comm": proc.name(), "state": procfs.state_letter(proc.status()),
+                "num_threads": proc.num_threads(), "user_s": times.user, "system_s": times.system,
+                "cpus_allowed": procfs.format_cpulist(proc.cpu_affinity()),
+                "rss_bytes": proc.memory_info().rss,
+                "threads": {str(t.id): [t.user_time, t.system_time] for t in proc.threads()},
+            }
+            try:
+                ps["argv"] = redact.argv(a for a in proc.cmdline() if a)
+            except psutil.ZombieProcess:
+                ps["argv"] = []
+            ps["cmdline"] = " ".join(ps["argv"])
+    except ProbeError:  # the process exited between listing and reading
         return None
-    argv = procfs.parse_argv(procfs.read_bytes(root, f"{base}/cmdline")) if os.path.exists(
-        procfs.path(root, f"{base}/cmdline")) else []
-    cmdline = " ".join(argv)
+    # Mems_allowed_list is not in psutil.
+    status = procfs.parse_status(procfs.try_read_text(root, f"{base}/status") or "")
+    ps["mems_allowed"] = status.get("Mems_allowed_list")
     tasks: dict[str, dict[str, str | None]] = {}
-    try:
-        tids = os.listdir(procfs.path(root, f"{base}/task"))
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in ps["threads"]:
         tstat = procfs.try_read_text(root, f"{base}/task/{tid}/stat")
         if tstat is None:
             continue
@@ -46,7 +61,7 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
             "status": procfs.try_read_text(root, f"{base}/task/{tid}/status"),
             "schedstat": procfs.try_read_text(root, f"{base}/task/{tid}/schedstat"),
         }
-    return {"stat": stat, "status": status, "cmdline": cmdline, "argv": argv, "tasks": tasks}
+    return {"ps": ps, "cmdline": ps["cmdline"], "argv": ps["argv"], "tasks": tasks}
 
 
 def _environ(root: str, pid: int) -> dict[str, str]:
@@ -71,9 +86,7 @@ class ProcessProbe(Probe):
     cost_cpu_s_per_process = 0.003
 
     def check(self, spec: WatchSpec) -> Availability:
-        if not os.path.isdir(procfs.path(spec.root, f"proc/{spec.pid}")):
-            return Availability.no(f"process {spec.pid} does not exist")
-        return Availability.yes()
+        return target_exists(spec)
 
     def _tree(self, spec: WatchSpec) -> list[tuple[int, int]]:
         return [(spec.pid, 0)] + procfs.descendants_of(spec.pid, spec.root)
@@ -100,10 +113,7 @@ class ProcessProbe(Probe):
         for p, _ in tree0:   # ranks under a launcher load CUDA, the launcher does not
             if p != spec.pid and "LOCAL_RANK" in env.get(str(p), {}):
                 libs = sorted(set(libs) | set(_libraries(root, p)))
-        try:
-            exe = os.readlink(procfs.path(root, f"proc/{spec.pid}/exe"))
-        except OSError:
-            exe = None
+        exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
         timeline: list[dict[str, Any]] = [{"t_unix": t0, "pids": [p for p, _ in tree0]}]
@@ -140,8 +150,29 @@ class ProcessProbe(Probe):
 
 
 def _is_zombie(root: str, pid: int) -> bool:
-    text = procfs.try_read_text(root, f"proc/{pid}/stat")
-    return text is None or procfs.parse_stat(text)["state"] in ("Z", "X")
+    return procfs.process_fact(pid, "status", root) in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _proc_facts(snap: dict[str, Any]) -> dict[str, Any]:
+    """One process snapshot -> its facts: psutil's values in current captures, or the raw /proc
+    text that older captures (and their bundles) hold."""
+    ps = snap.get("ps")
+    if ps is not None:
+        rss = ps.get("rss_bytes")
+        return {"ppid": ps["ppid"], "state": ps["state"], "num_threads": ps["num_threads"],
+                "cpu_s": ps["user_s"] + ps["system_s"], "cpus_allowed": ps.get("cpus_allowed"),
+                "mems_allowed": ps.get("mems_allowed"),
+                "rss_mb": None if rss is None else round(rss / 1048576.0, 1)}
+    st, status = procfs.parse_stat(snap["stat"]), procfs.parse_status(snap["status"])
+    return {"ppid": st["ppid"], "state": st["state"], "num_threads": st["num_threads"],
+            "cpu_s": st["utime_s"] + st["stime_s"], "cpus_allowed": status.get("Cpus_allowed_list"),
+            "mems_allowed": status.get("Mems_allowed_list"), "rss_mb": _kb_to_mb(status.get("VmRSS"))}
+
+
+def _task_cpu_s(snap: dict[str, Any], tid: str, st: dict[str, Any]) -> float:
+    """A thread's CPU seconds: psutil's per-thread times where captured, else its stat's."""
+    times = (snap.get("ps") or {}).get("threads", {}).get(tid)
+    return times[0] + times[1] if times is not None else st["utime_s"] + st["stime_s"]
 
 
 def _thread_rows(start: dict | None, end: dict | None, window_s: float) -> list[dict[str, Any]]:
@@ -153,15 +184,14 @@ def _thread_rows(start: dict | None, end: dict | None, window_s: float) -> list[
         ref = e or s
         st = procfs.parse_stat(ref["stat"])
         status = procfs.parse_status(ref.get("status") or "")
-        cpu = st["utime_s"] + st["stime_s"]
+        cpu = _task_cpu_s((end if e else start) or {}, tid, st)
         vol = int(status.get("voluntary_ctxt_switches", 0) or 0)
         invol = int(status.get("nonvoluntary_ctxt_switches", 0) or 0)
         sched = procfs.parse_schedstat(ref.get("schedstat"))
         run_delay = sched["wait_s"] if sched else None
         if s and e:
-            s_st = procfs.parse_stat(s["stat"])
             s_status = procfs.parse_status(s.get("status") or "")
-            cpu -= s_st["utime_s"] + s_st["stime_s"]
+            cpu -= _task_cpu_s(start or {}, tid, procfs.parse_stat(s["stat"]))
             vol -= int(s_status.get("voluntary_ctxt_switches", 0) or 0)
             invol -= int(s_status.get("nonvoluntary_ctxt_switches", 0) or 0)
             s_sched = procfs.parse_schedstat(s.get("schedstat"))
@@ -191,8 +221,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
     libs = d.get("libraries", [])
 
     main_ref = end["procs"].get(pid) or start["procs"].get(pid)
-    main_status = procfs.parse_status(main_ref["status"])
-    cpus_allowed = procfs.parse_cpulist(main_status.get("Cpus_allowed_list"))
+    cpus_allowed = procfs.parse_cpulist(_proc_facts(main_ref)["cpus_allowed"])
     quota = procfs.parse_cpu_max(d.get("cpu_max"))
     cpus_available = float(len(cpus_allowed) or len(cpus_online) or 1)
     if quota is not None:
@@ -210,20 +239,18 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
                               "cmdline": "", "cpu_seconds": None, "threads": [], "alive_at_end": False,
                               "seen": "listing", "env": env})
             continue
-        st = procfs.parse_stat(ref["stat"])
-        status = procfs.parse_status(ref["status"])
-        cpu = st["utime_s"] + st["stime_s"]
+        facts = _proc_facts(ref)
+        cpu = facts["cpu_s"]
         if s and e:
-            s_st = procfs.parse_stat(s["stat"])
-            cpu -= s_st["utime_s"] + s_st["stime_s"]
+            cpu -= _proc_facts(s)["cpu_s"]
         threads = _thread_rows(s, e, window_s)
         processes.append({
-            "pid": p, "ppid": st["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
-            "cmdline": ref["cmdline"], "argv": ref.get("argv"), "state": st["state"], "num_threads": st["num_threads"],
+            "pid": p, "ppid": facts["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
+            "cmdline": ref["cmdline"], "argv": ref.get("argv"), "state": facts["state"], "num_threads": facts["num_threads"],
             "cpu_seconds": round(max(cpu, 0.0), 4),
             "cpu_cores": round(max(cpu, 0.0) / window_s, 4),
-            "cpus_allowed": status.get("Cpus_allowed_list"), "mems_allowed": status.get("Mems_allowed_list"),
-            "rss_mb": _kb_to_mb(status.get("VmRSS")), "threads": threads,
+            "cpus_allowed": facts["cpus_allowed"], "mems_allowed": facts["mems_allowed"],
+            "rss_mb": facts["rss_mb"], "threads": threads,
             "alive_at_end": e is not None, "seen": "both" if (s and e) else ("start" if s else "end"),
             "env": env,
         })

@@ -1,15 +1,24 @@
 """Readers and pure parsers for /proc and /sys. Every reader takes a root (default "/").
 
-Parsers take text and return values; readers join a root and a path, read, and translate
-OSErrors into the probes.errors taxonomy.
+Process facts (parents, states, threads, CPU times, context switches, affinity, memory) come
+from psutil, through `process()` and the helpers below, with psutil's exceptions translated into
+the probes.errors taxonomy. /proc is read directly only for what psutil lacks: per-thread names,
+states, context switches and last CPU, schedstat, numa_maps, wchan, syscall, the cgroup, the
+mapped libraries, the whitelisted environment keys, and the kernel's own child lists (psutil
+finds children by reading every process's stat file, which costs too much to repeat every 0.25 s
+on a busy node; it stays the fallback where the kernel keeps no child list). Parsers take text and return values;
+readers join a root and a path, read, and translate OSErrors into the taxonomy.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from probes.errors import translate_oserror
+import psutil
+
 from probes import redact
+from probes.errors import ProbeError, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -171,41 +180,103 @@ def parse_cgroup_v2_path(text: str | None) -> str | None:
     return None
 
 
-# -- readers ------------------------------------------------------------------------------------
+# -- processes, through psutil -------------------------------------------------------------------
 
-def children_of(pid: int, root: str = "/") -> list[int]:
-    """Direct children of a process, from /proc/PID/task/*/children."""
-    kids: list[int] = []
+# psutil's own names for the states /proc/PID/stat prints as one letter.
+PSUTIL_STATE = {
+    psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X", psutil.STATUS_WAKING: "W", psutil.STATUS_PARKED: "P", psutil.STATUS_IDLE: "I",
+}
+
+
+def _use_root(root: str) -> None:
+    # psutil reads one /proc per interpreter; trainprobe uses one root per run.
+    want = path(root, "proc") if root not in ("", "/") else "/proc"
+    if psutil.PROCFS_PATH != want:
+        psutil.PROCFS_PATH = want
+
+
+def process(pid: int, root: str = "/") -> psutil.Process:
+    """psutil's handle on a process; a missing one raises TargetGone (the taxonomy, not psutil's)."""
+    _use_root(root)
+    try:
+        return psutil.Process(pid)
+    except (psutil.Error, OSError) as exc:   # OSError: a root that is no whole /proc
+        raise translate_psutil_error(exc, f"process {pid}") from None
+
+
+@contextmanager
+def ps_errors(what: str) -> Iterator[None]:
+    """Translate psutil's exceptions raised inside the block into the taxonomy."""
+    try:
+        yield
+    except (psutil.Error, OSError) as exc:
+        raise translate_psutil_error(exc, what) from None
+
+
+def process_fact(pid: int, fact: str, root: str = "/") -> Any:
+    """One psutil fact of a process ('ppid', 'status', 'cpu_times', 'exe'), or None when the process
+    is gone or unreadable."""
+    try:
+        with ps_errors(f"process {pid}"):
+            return getattr(process(pid, root), fact)()
+    except ProbeError:
+        return None
+
+
+def state_letter(status: str) -> str:
+    """psutil's status ('sleeping') -> the letter of /proc/PID/stat ('S')."""
+    return PSUTIL_STATE.get(status, "?")
+
+
+def _listed_children(pid: int, root: str) -> list[int] | None:
+    """The kernel's own list of a process's children (/proc/PID/task/*/children): it costs a read
+    per thread of the process, where psutil's children() reads the stat file of every process on
+    the host. None when the kernel has no such file (built without CONFIG_PROC_CHILDREN)."""
     tasks = path(root, f"proc/{pid}/task")
     try:
         tids = os.listdir(tasks)
     except OSError as exc:
         raise translate_oserror(exc, tasks) from None
+    kids: set[int] = set()
+    listed = False
     for tid in tids:
         text = try_read_text(root, f"proc/{pid}/task/{tid}/children")
-        if text:
-            kids.extend(int(x) for x in text.split())
-    return sorted(set(kids))
+        if text is not None:
+            listed = True
+            kids.update(int(x) for x in text.split())
+    return sorted(kids) if listed or not tids else None
+
+
+def children_of(pid: int, root: str = "/") -> list[int]:
+    """Direct children of a process: the kernel's list where it keeps one, else psutil's scan.
+    A captured tree is read from its files only (psutil reads a whole live /proc)."""
+    kids = _listed_children(pid, root)
+    if kids is not None:
+        return kids
+    if root not in ("", "/"):
+        return []
+    with ps_errors(f"process {pid}"):
+        return sorted(c.pid for c in process(pid, root).children())
 
 
 def descendants_of(pid: int, root: str = "/") -> list[tuple[int, int]]:
-    """(pid, parent pid) for every descendant, breadth first. Vanished processes are skipped."""
+    """(pid, parent pid) for every descendant, breadth first. Processes that vanish during the walk
+    are skipped."""
     out: list[tuple[int, int]] = []
-    frontier = [pid]
-    seen = {pid}
+    frontier, seen = [pid], {pid}
     while frontier:
-        nxt: list[int] = []
-        for p in frontier:
-            try:
-                kids = children_of(p, root)
-            except Exception:  # noqa: BLE001 - a process that exits mid-walk has no children
-                continue
-            for k in kids:
-                if k not in seen:
-                    seen.add(k)
-                    out.append((k, p))
-                    nxt.append(k)
-        frontier = nxt
+        p = frontier.pop(0)
+        try:
+            kids = children_of(p, root)
+        except ProbeError:    # a process that exits mid-walk has no children
+            continue
+        for k in kids:
+            if k not in seen:
+                seen.add(k)
+                out.append((k, p))
+                frontier.append(k)
     return out
 
 

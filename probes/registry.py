@@ -14,6 +14,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("probes.perfstat", "PerfStatProbe"),
     ("probes.topology", "TopologyProbe"),
     ("probes.placement", "PlacementProbe"),
+    ("probes.pressure", "PressureProbe"),
     ("probes.sched", "SchedProbe"),
     ("probes.syscalls", "SyscallsProbe"),
     ("probes.gil", "GilProbe"),

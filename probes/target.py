@@ -1,6 +1,8 @@
-"""Facts about a candidate target process, read from /proc, and discovery of training processes.
+"""Facts about a candidate target process (psutil), and discovery of training processes.
 
 Raises the probes.errors taxonomy; the agent turns those into exit codes and one-line messages.
+/proc is read directly only for what psutil lacks: the kernel-thread flag, the mapped libraries,
+the whitelisted environment keys, and whether /proc/PID/mem opens.
 """
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import psutil
+
 from probes import procfs
-from probes.errors import BadInput, PermissionDenied, TargetGone
+from probes.errors import BadInput, PermissionDenied, ProbeError, TargetGone
 
 
 @dataclass
@@ -41,41 +45,42 @@ def inspect(pid: int, root: str = "/") -> ProcessInfo:
     """Read what trainprobe needs to know about `pid` before attaching to it."""
     if pid <= 0:
         raise BadInput(f"{pid} is not a valid PID")
-    base = f"proc/{pid}"
-    if not os.path.isdir(procfs.path(root, base)):
-        raise BadInput(f"no process with PID {pid}")
     try:
-        st = procfs.parse_stat(procfs.read_text(root, f"{base}/stat"))
-        status = procfs.parse_status(procfs.read_text(root, f"{base}/status"))
+        proc = procfs.process(pid, root)
+        with procfs.ps_errors(f"process {pid}"), proc.oneshot():
+            comm, state, ppid = proc.name(), procfs.state_letter(proc.status()), proc.ppid()
+            uid = proc.uids().real
+            times = proc.cpu_times()
+        # The kernel-thread flag is not in psutil: field 9 of /proc/PID/stat.
+        flags = procfs.parse_stat(procfs.read_text(root, f"proc/{pid}/stat"))["flags"]
     except TargetGone:
         raise BadInput(f"no process with PID {pid}") from None
-    kernel_thread = bool(st["flags"] & procfs.PF_KTHREAD)
+    kernel_thread = bool(flags & procfs.PF_KTHREAD)
     cmdline = ""
     try:
-        cmdline = procfs.parse_cmdline(procfs.read_bytes(root, f"{base}/cmdline"))
-    except Exception:  # noqa: BLE001 - zombies and kernel threads have none
+        cmdline = " ".join(a for a in proc.cmdline() if a)
+    except psutil.Error:  # zombies and kernel threads have none
         pass
     exe = None
     try:
-        exe = os.readlink(procfs.path(root, f"{base}/exe"))
-    except OSError:
+        exe = proc.exe() or None
+    except psutil.Error:
         pass
-    maps = procfs.try_read_text(root, f"{base}/maps") or ""
+    maps = procfs.try_read_text(root, f"proc/{pid}/maps") or ""
     libs = procfs.parse_maps_libraries(maps) if maps else []
     exe_base = (exe or cmdline.split(" ", 1)[0]).rsplit("/", 1)[-1].replace(" (deleted)", "")
     is_python = bool(_PY_EXE.match(exe_base)) or any("/libpython" in x for x in libs)
-    uid = int(status.get("Uid", "0").split()[0]) if status.get("Uid") else 0
     kids: list[int] = []
     try:
         kids = procfs.children_of(pid, root)
-    except Exception:  # noqa: BLE001
+    except ProbeError:
         pass
     return ProcessInfo(
-        pid=pid, comm=st["comm"], state=st["state"], ppid=st["ppid"], uid=uid, cmdline=cmdline, exe=exe,
+        pid=pid, comm=comm, state=state, ppid=ppid, uid=uid, cmdline=cmdline, exe=exe,
         kernel_thread=kernel_thread, is_python=is_python,
         uses_torch=any("libtorch" in x for x in libs),
         uses_cuda=any(("libcuda.so" in x or "libcudart" in x) for x in libs),
-        cpu_seconds=st["utime_s"] + st["stime_s"], children=kids,
+        cpu_seconds=times.user + times.system, children=kids,
     )
 
 
@@ -113,9 +118,8 @@ def can_ptrace(info: ProcessInfo, root: str = "/") -> tuple[bool, str | None]:
         while p > 1:
             if p == me:
                 return True, None
-            try:
-                p = procfs.parse_stat(procfs.read_text(root, f"proc/{p}/stat"))["ppid"]
-            except Exception:  # noqa: BLE001
+            p = procfs.process_fact(p, "ppid", root)
+            if p is None:
                 break
         return False, (f"kernel.yama.ptrace_scope is 1 and PID {info.pid} is not a child of trainprobe: "
                        "run with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`")
@@ -143,11 +147,12 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
     CPU use is that of the whole process tree (ranks and workers), measured over `sample_s`.
     """
     infos: dict[int, ProcessInfo] = {}
-    for name in os.listdir(procfs.path(root, "proc")):
-        if not name.isdigit() or int(name) == os.getpid():
+    procfs.process(os.getpid(), root)      # points psutil at the root
+    for pid in psutil.pids():
+        if pid == os.getpid():
             continue
         try:
-            info = inspect(int(name), root)
+            info = inspect(pid, root)
         except Exception:  # noqa: BLE001 - processes come and go while we look
             continue
         if info.is_python and info.uses_torch and not info.zombie:
@@ -157,11 +162,11 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
     def tree_cpu(pid: int) -> tuple[float, int]:
         total, n = 0.0, 0
         for p in [pid] + [d for d, _ in procfs.descendants_of(pid, root)]:
-            text = procfs.try_read_text(root, f"proc/{p}/stat")
-            if text:
-                st = procfs.parse_stat(text)
-                total += st["utime_s"] + st["stime_s"]
-                n += 1
+            times = procfs.process_fact(p, "cpu_times", root)
+            if times is None:
+                continue
+            total += times.user + times.system
+            n += 1
         return total, n
 
     before = {r.pid: tree_cpu(r.pid)[0] for r in roots}
@@ -178,13 +183,7 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
 
 def is_alive(pid: int, root: str = "/") -> bool:
     """True while the process exists and is not a zombie."""
-    text = procfs.try_read_text(root, f"proc/{pid}/stat")
-    if text is None:
-        return False
-    try:
-        return procfs.parse_stat(text)["state"] not in ("Z", "X")
-    except (ValueError, IndexError):
-        return False
+    return procfs.process_fact(pid, "status", root) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def launcher_of(pid: int, root: str = "/") -> int | None:

@@ -23,6 +23,8 @@ import time
 from typing import Any
 
 from probes import procfs
+from probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
+                       parse_link_width, pcie_gen)
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 
 NODE_DIR = "sys/devices/system/node"
@@ -33,42 +35,10 @@ DEVICE_ATTRS = ("device", "numa_node", "local_cpulist", "local_cpus")
 LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 UPSTREAM_ATTRS = ("max_link_speed", "max_link_width")
 
-VENDOR_NVIDIA = 0x10DE
-VENDOR_MELLANOX = 0x15B3
-
-# PCIe generation by transfer rate (GT/s), and the payload bandwidth one lane carries in GB/s
-# after line encoding (8b/10b up to Gen2, 128b/130b for Gen3-5, FLIT mode from Gen6).
-GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
-LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
-
-_BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+VENDOR_NVIDIA, VENDOR_MELLANOX = PCI_VENDOR_NVIDIA, PCI_VENDOR_MELLANOX
 
 
 # -- pure helpers --------------------------------------------------------------------------------
-
-def canonical_bdf(text: str | None) -> str | None:
-    """A PCI address in sysfs form: NVML's '00000000:00:06.0' and sysfs' '0000:00:06.0' both give
-    '0000:00:06.0'. None when the text is not a PCI address."""
-    if not text:
-        return None
-    m = _BDF.match(text.strip())
-    if not m:
-        return None
-    dom, bus, dev, fn = m.groups()
-    return f"{int(dom, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
-
-
-def clean(text: str | None) -> str | None:
-    """sysfs text without its newline, and without the NUL some captured trees carry."""
-    return None if text is None else text.replace("\x00", "").strip()
-
-
-def parse_cpus(text: str | None) -> list[int]:
-    """A cpulist that tolerates NULs and stray text: unreadable -> []."""
-    try:
-        return procfs.parse_cpulist(clean(text))
-    except ValueError:
-        return []
 
 
 def parse_hex(text: str | None) -> int | None:
@@ -87,59 +57,6 @@ def parse_int(text: str | None) -> int | None:
         return int(clean(text) or "")
     except ValueError:
         return None
-
-
-def parse_link_speed(text: str | None) -> float | None:
-    """'8.0 GT/s PCIe', '8 GT/s', '2.5 GT/s' -> GT/s; 'Unknown speed' or absent -> None."""
-    if not text:
-        return None
-    m = re.match(r"\s*([0-9.]+)\s*GT/s", text)
-    if not m:
-        return None
-    v = float(m.group(1))
-    return v if v > 0 else None
-
-
-def parse_link_width(text: str | None) -> int | None:
-    v = parse_int((clean(text) or "").lstrip("xX") or None)
-    return v if v and v > 0 else None
-
-
-def pcie_gen(gts: float | None) -> int | None:
-    if gts is None:
-        return None
-    for rate, gen in GEN_BY_GTS.items():
-        if abs(gts - rate) < 0.01:
-            return gen
-    return None
-
-
-def link_gbps(gen: int | None, width: int | None) -> float | None:
-    """Payload bandwidth of a link in GB/s per direction, or None when unknown."""
-    if gen is None or width is None or gen not in LANE_GBPS:
-        return None
-    return LANE_GBPS[gen] * width
-
-
-def parse_cpumask(text: str | None) -> list[int]:
-    """'00000000,0000ff00' (32-bit words, most significant first) -> [8, ..., 15]."""
-    text = clean(text)
-    if not text:
-        return []
-    words = text.split(",")
-    cpus: list[int] = []
-    for i, word in enumerate(reversed(words)):
-        try:
-            v = int(word, 16)
-        except ValueError:
-            return []
-        bit = 0
-        while v:
-            if v & 1:
-                cpus.append(i * 32 + bit)
-            v >>= 1
-            bit += 1
-    return sorted(cpus)
 
 
 def classify(vendor: int | None, pci_class: int | None, rdma: bool = False) -> str | None:

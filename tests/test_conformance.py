@@ -85,14 +85,12 @@ def test_probes_never_import_agent_or_reports(path):
 def test_rules_never_touch_the_host(path):
     mods = _imports(path)
     assert not ({"subprocess", "os", "shutil", "socket", "psutil", "ctypes"} & {m.split(".")[0] for m in mods})
-    pure = {"probes", "probes.pystacks", "probes.procfs", "probes.topology"}   # shared pure parsers only
+    pure = {"probes", "probes.pystacks", "probes.procfs", "probes.hw"}   # shared pure parsers and facts only
     assert not any(m.startswith("probes") and m not in pure for m in mods), "rules read Evidence, not probes"
     tree_ = ast.parse(path.read_text())
     for node in ast.walk(tree_):
         if isinstance(node, ast.ImportFrom) and node.module == "probes":
             assert all(a.name in ("procfs", "pystacks") for a in node.names), "only pure parsers"
-        if isinstance(node, ast.ImportFrom) and node.module in ("probes.topology",):
-            assert all(a.name in ("canonical_bdf", "link_gbps") for a in node.names), "only pure helpers"
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "procfs":
             assert node.attr.startswith(("parse_", "format_")), f"{path.name} uses procfs.{node.attr}"
     tree = ast.parse(path.read_text())

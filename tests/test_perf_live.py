@@ -125,8 +125,11 @@ def test_unprivileged_user_counts_user_space_only_and_may_not_watch_others(workl
     if not os.path.exists(exe):
         pytest.skip("no system python3 to run as an unprivileged user (the venv lives under /root)")
     w = workload("--seconds", "60", "--num-workers", "0")
+    # The probes' own dependencies (psutil) come from the project's venv, as in test_bad_input.
+    site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(str(REPO))]
     p = subprocess.run([exe, "-c", UNPRIVILEGED, str(w.pid)], cwd="/tmp", capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(REPO), HOME="/tmp", PATH="/usr/bin:/bin"),
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + site), HOME="/tmp",
+                                PATH="/usr/bin:/bin"),
                        user=65534, group=65534, extra_groups=[], timeout=60)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])

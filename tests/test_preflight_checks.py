@@ -343,7 +343,8 @@ def test_nvml_reader_stops_after_a_hung_call():
 
 
 def test_affinity_words_and_plain_values():
-    assert gpuhealth.words_to_cpus([0b1011, 1]) == [0, 1, 3, 64]
+    from probes.hw import cpus_from_nvml_words
+    assert cpus_from_nvml_words([0b1011, 1]) == [0, 1, 3, 64]
     assert gpuhealth._plain(b"NVIDIA H200") == "NVIDIA H200"
     from probes.nvml import NA
     assert gpuhealth._plain(NA("not supported on this GPU or driver")) == {"na": "not supported on this GPU or driver"}
@@ -411,6 +412,19 @@ def test_prometheus_file_parses(tmp_path):
     assert fams["trainprobe_preflight_status"].samples[0].value == 2.0
     assert fams["trainprobe_preflight_exit_code"].samples[0].value == 2.0
     assert not list(tmp_path.glob(".preflight-*"))      # the temporary file was renamed, not left behind
+
+
+def test_the_exposition_is_prometheus_clients():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from reports import prometheus
+    from tests.helpers import REPO
+    rep = {"host": {"hostname": "h"}, "profile": {"name": "p"}, "status": "ok", "exit_code": 0, "duration_s": 0.1,
+           "started_unix": 1.0, "checks": []}
+    reg = prometheus.registry(rep)
+    assert isinstance(reg, CollectorRegistry)
+    assert prometheus.render(rep) == generate_latest(reg).decode()
+    assert "# HELP" not in (REPO / "reports" / "prometheus.py").read_text()   # nothing hand-formatted
 
 
 def test_label_escaping_survives_the_parser(tmp_path):
@@ -511,14 +525,14 @@ def test_every_check_is_registered_once_reads_what_exists_and_is_documented():
     from agent.preflight.engine import CATEGORY_TIER, all_checks
     from agent.preflight.runner import READS
     from tests.helpers import REPO
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "preflight.md").read_text()
     checks = all_checks()
     ids = [c.id for c in checks]
     assert len(ids) == len(set(ids))
     for c in checks:
         assert c.category in CATEGORY_TIER and c.id.split(".")[0] == c.category
         assert set(c.reads) <= set(READS), c.id
-        assert f"`{c.id}`" in readme, f"{c.id} is not in the README"
+        assert f"`{c.id}`" in readme, f"{c.id} is not in docs/preflight.md"
 
 
 H200_FIXTURE = TREES.parent / "gpu" / "h200-raw.json"

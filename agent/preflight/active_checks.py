@@ -8,17 +8,7 @@ from typing import Any
 from agent.preflight import Result
 from agent.preflight.engine import Reads, check
 from probes.gpuhealth import na
-
-# GB/s per lane and direction after line coding: 8b/10b for Gen1-2, 128b/130b for Gen3-5,
-# FLIT mode (242/256) for Gen6.
-LANE_GBPS = {1: 2.5 * 8 / 10 / 8, 2: 5.0 * 8 / 10 / 8, 3: 8.0 * 128 / 130 / 8, 4: 16.0 * 128 / 130 / 8,
-             5: 32.0 * 128 / 130 / 8, 6: 64.0 * 242 / 256 / 8}
-
-
-def link_gbps(gen: int | None, width: int | None) -> float | None:
-    if not gen or not width or gen not in LANE_GBPS:
-        return None
-    return LANE_GBPS[gen] * width
+from probes.hw import link_gbps
 
 
 def _nvml_gpus(r: Reads) -> list[dict[str, Any]]:

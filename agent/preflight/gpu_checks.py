@@ -5,8 +5,8 @@ from typing import Any
 
 from agent.preflight import Result, gib
 from agent.preflight.engine import Reads, check
-from probes import hostinfo
 from probes.gpuhealth import na, na_reason
+from probes.hw import canonical_bdf, clock_event_labels, link_gen, parse_link_width
 from probes.procfs import format_cpulist, parse_cpulist
 
 NOT_SUPPORTED = "not supported"
@@ -72,7 +72,7 @@ def gpu_count(r: Reads, p: dict[str, Any]) -> Result:
         return Result("critical", observed, expected, f"NVML cannot count the GPUs: {na_reason(d.get('count'))}",
                       remediation="read dmesg for NVRM errors; reload the driver or reboot", source=src, details=details)
     if n_pci and n < n_pci:
-        seen = {hostinfo.pci_bdf_from_nvml(g["bus_id"]) for g in d.get("gpus", []) if isinstance(g.get("bus_id"), str)}
+        seen = {canonical_bdf(g["bus_id"]) for g in d.get("gpus", []) if isinstance(g.get("bus_id"), str)}
         missing = [x["bdf"] for x in pci or [] if x["bdf"] not in seen] if len(seen) == n else []
         return Result("critical", observed, expected,
                       f"NVML sees {n} of the {n_pci} GPUs on the PCI bus"
@@ -298,15 +298,8 @@ def recovery_action(r: Reads, p: dict[str, Any]) -> list[Result]:
     return out
 
 
-CLOCK_EVENTS = {0x1: "GPU idle", 0x2: "applications clocks setting", 0x4: "SW power cap", 0x8: "HW slowdown",
-                0x10: "sync boost", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
-                0x80: "HW power brake slowdown", 0x100: "display clock setting"}
 CRITICAL_EVENTS = 0x8 | 0x40 | 0x80
 WARN_EVENTS = 0x20
-
-
-def decode_clock_events(mask: int) -> list[str]:
-    return [name for bit, name in CLOCK_EVENTS.items() if mask & bit]
 
 
 @check("gpu.clock_events", "gpu", ("nvml",))
@@ -321,10 +314,10 @@ def clock_events(r: Reads, p: dict[str, Any]) -> list[Result]:
                               source=src, duration_s=dur))
             continue
         m = int(m)
-        names = decode_clock_events(m)
+        names = clock_event_labels(m)
         observed = f"0x{m:x}" + (f" ({', '.join(names)})" if names else " (none)")
         if m & CRITICAL_EVENTS:
-            bad = decode_clock_events(m & CRITICAL_EVENTS)
+            bad = clock_event_labels(m & CRITICAL_EVENTS)
             out.append(Result("critical", observed, expected, f"clocks held down by {', '.join(bad)}: the GPU "
                               "runs far below its rated speed (cooling, power delivery or an external brake signal)",
                               remediation="check fans, airflow, inlet temperature and the PSUs; the BMC log says "
@@ -402,10 +395,11 @@ def _link_from_nvml(g: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _link_from_sysfs(dev: dict[str, Any]) -> dict[str, Any] | None:
-    vals = {"gen": hostinfo.link_gen(dev.get("current_link_speed")),
-            "width": hostinfo.link_width(dev.get("current_link_width")),
-            "max_gen": hostinfo.link_gen(dev.get("max_link_speed")),
-            "max_width": hostinfo.link_width(dev.get("max_link_width")), "gpu_max_gen": None, "replay_counter": None}
+    vals = {"gen": link_gen(dev.get("current_link_speed")),
+            "width": parse_link_width(dev.get("current_link_width"), zero_is_unknown=False),
+            "max_gen": link_gen(dev.get("max_link_speed")),
+            "max_width": parse_link_width(dev.get("max_link_width"), zero_is_unknown=False),
+            "gpu_max_gen": None, "replay_counter": None}
     if None in (vals["gen"], vals["width"], vals["max_gen"], vals["max_width"]):
         return None
     return {**vals, "source": f"/sys/bus/pci/devices/{dev['bdf']}/{{current,max}}_link_{{speed,width}}"}
@@ -460,7 +454,7 @@ def pcie_link(r: Reads, p: dict[str, Any]) -> list[Result]:
     by_bdf = {x["bdf"]: x for x in pci}
     seen: set[str] = set()
     for g in _gpus(r):
-        bdf = hostinfo.pci_bdf_from_nvml(g["bus_id"]) if isinstance(g.get("bus_id"), str) else None
+        bdf = canonical_bdf(g["bus_id"]) if isinstance(g.get("bus_id"), str) else None
         if bdf:
             seen.add(bdf)
         link = _link_from_nvml(g) or (_link_from_sysfs(by_bdf[bdf]) if bdf in by_bdf else None)
@@ -577,7 +571,7 @@ def numa_affinity(r: Reads, p: dict[str, Any]) -> list[Result]:
     by_bdf = {x["bdf"]: x for x in pci}
     for g in _gpus(r):
         t, dur = _target(g), _dur(r, "affinity")
-        bdf = hostinfo.pci_bdf_from_nvml(g["bus_id"]) if isinstance(g.get("bus_id"), str) else None
+        bdf = canonical_bdf(g["bus_id"]) if isinstance(g.get("bus_id"), str) else None
         aff = g.get("cpu_affinity")
         local_s = None if na(aff) or not aff else aff.get("cpulist")
         src = "nvmlDeviceGetCpuAffinity"

@@ -30,7 +30,7 @@ from agent.evidence import Evidence
 from agent.findings import Fact, Finding, Fix, pct
 from agent.rules import rule
 from probes import procfs
-from probes.topology import canonical_bdf
+from probes.hw import canonical_bdf
 
 REMOTE_SHARE = 0.25          # a rank or its workers spend at least this share off the GPU's node
 MIN_CPU_S = 0.1              # less CPU time than this over the window says nothing about placement

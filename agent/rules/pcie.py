@@ -24,7 +24,7 @@ from agent.evidence import Evidence
 from agent.findings import Fact, Finding, Fix, pct
 from agent.rules import rule
 from agent.rules.numa import distance, gpu_table
-from probes.topology import link_gbps
+from probes.hw import link_gbps
 
 IDLE_UTIL_PCT = 10.0          # a GPU below this mean utilisation may have lowered its link speed
 
