@@ -201,6 +201,23 @@ PartitionName=debug Nodes=n[1-{len(NODES)}] Default=YES MaxTime=INFINITE State=U
         for pidfile in reversed(self.started):
             self._kill(pidfile)
         self.started.clear()
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        """A step whose slurmd was stopped outlives it (slurmstepd and its tasks): end every process
+        that runs under this cluster's own SLURM_CONF, which only this cluster's jobs carry."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        me = os.getpid()
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if mark not in fh.read().split(b"\0"):
+                        continue
+                os.kill(int(name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
 
     def logs_tail(self, n: int = 15) -> str:
         out = []
