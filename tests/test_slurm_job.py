@@ -123,11 +123,14 @@ def test_slurmd_stopped_mid_window(slurm, job):
         deadline = time.monotonic() + 60
         # Stop slurmd once both node agents are watching (their py-spy runs under the job's step).
         while time.monotonic() < deadline:
-            agents = subprocess.run(["pgrep", "-f", f"--slurm-local {job}"], capture_output=True, text=True)
+            agents = subprocess.run(["pgrep", "-f", "--", f"agent diagnose --slurm-local {job} "],
+                                    capture_output=True, text=True)
             if len(agents.stdout.split()) >= 2:
                 break
             time.sleep(0.3)
-        time.sleep(4)
+        else:
+            pytest.fail("the node agents did not start")
+        time.sleep(3)
         slurm.stop_node("n1")
         out, err = p.communicate(timeout=180)
     finally:
