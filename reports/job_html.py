@@ -47,7 +47,7 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"<tr{cls}><td class=l>{esc(r['node'])}</td><td>{esc(r.get('rank'))}</td><td>{esc(r['pid'])}</td>"
                    f"<td>{_pct(r.get('data_share'))}</td><td>{_pct(r.get('collective_share'))}</td>"
                    f"<td>{_pct(r.get('host_sync_share'))}</td><td>{_pct(r.get('gpu_busy'))}</td>"
-                   f"<td class=l>{esc(r.get('top_finding') or '-')}</td>"
+                   f"<td class=l>{esc('waits for ' + ', '.join(r['waits_for']) if r.get('waits_for') else (r.get('top_finding') or '-'))}</td>"
                    f"<td>{esc(_x(r.get('expected_speedup')))}</td></tr>")
     for n in rep.get("nodes", []):
         if n["status"] != "ok":

@@ -21,6 +21,12 @@ def _clean(s: Any) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in str("" if s is None else s))
 
 
+def _top(r: dict[str, Any]) -> str:
+    if r.get("waits_for"):
+        return "waits for " + ", ".join(r["waits_for"])
+    return r.get("top_finding") or "-"
+
+
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
     st = Style(use_color(stream) if color is None else color)
     job, win = report["job"], report.get("window") or {}
@@ -37,7 +43,7 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
         lines.append(f"{_clean(r['node']):<12} {('-' if r.get('rank') is None else r['rank']):>4} {r['pid']:>8} "
                      f"{_pct(r.get('data_share')):>6} {_pct(r.get('collective_share')):>6} "
                      f"{_pct(r.get('host_sync_share')):>6} {_pct(r.get('gpu_busy')):>5}  "
-                     f"{_clean(r.get('top_finding') or '-'):<22} {_x(r.get('expected_speedup')):>8}{mark}")
+                     f"{_clean(_top(r)):<22} {_x(r.get('expected_speedup') if not r.get('waits_for') else None):>8}{mark}")
     for n in report.get("nodes", []):
         if n["status"] != "ok":
             lines.append(f"{_clean(n['node']):<12} {st.red(n['status'])}: {_clean(n.get('reason'))}")

@@ -52,6 +52,7 @@ def test_merge_names_stragglers_keeps_failed_nodes_and_renders():
     text = out.getvalue()
     assert "Straggler: node n2, rank 1" in text and "2.22x" in text and "n3" in text and "timeout" in text
     assert "numactl --cpunodebind=1" in text
+    assert "waits for n2 rank 1" in text                  # rank 0's wait is named by the job view
     html = job_html.render(rep)
     assert "class=straggler" in html and "timeout" in html
 

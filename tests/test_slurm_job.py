@@ -76,6 +76,7 @@ def _check(rep):
     healthy = by[("n1", 0)]
     assert healthy["data_share"] < 0.05                    # rank 0 does not wait for its own data ...
     assert healthy["collective_share"] > 0.2               # ... it waits for rank 1 in collectives
+    assert healthy["waits_for"] == ["n2 rank 1"]
     assert by[("n2", 1)]["data_share"] > 0.3
     assert rep["job_expected_speedup"] and rep["job_expected_speedup"] > 1.1
 

@@ -19,6 +19,7 @@ from agent import __version__
 SCHEMA = "trainprobe.job-report/1"
 STRAGGLER_OWN_STALL = 0.10      # a straggler's own stall (data + host sync) share, at least
 STRAGGLER_LEAD = 0.5            # and at least this share of the worst rank's stall
+WAITS_FOR_SHARE = 0.2          # a non-straggler waiting this much in collectives waits for the stragglers
 MIN_GAIN = 1.05                 # its top finding must promise at least this
 
 
@@ -108,6 +109,12 @@ def merge(job_id: str, payloads: list[dict[str, Any]], window_s: float | None = 
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["node"], r["pid"]))
     stragglers = find_stragglers(rows)
     speedup, bound = job_speedup(rows, stragglers)
+    key = {(x["node"], x["pid"]) for x in stragglers}
+    for r in rows:
+        # A rank's own node sees no cause for its wait (its rules may even call it compute bound):
+        # the job view names whom it waits for.
+        if stragglers and (r["node"], r["pid"]) not in key and (r.get("collective_share") or 0.0) >= WAITS_FOR_SHARE:
+            r["waits_for"] = [f"{x['node']} rank {x.get('rank')}" for x in stragglers]
     ok = [e for e in node_entries if e["status"] == "ok"]
     for e in node_entries:
         if e["status"] != "ok":
