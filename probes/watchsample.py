@@ -69,7 +69,12 @@ class Discovery:
     def scan(self, only: set[int] | None = None) -> list[Tree]:
         stats: dict[int, dict[str, Any]] = {}
         me = os.getpid()
-        for name in os.listdir(procfs.path(self.root, "proc")):
+        if only:
+            # Only these trees: no need to look at (or read the maps of) the host's other processes.
+            names = {str(p) for r in only for p in [r] + [d for d, _ in procfs.descendants_of(r, self.root)]}
+        else:
+            names = set(os.listdir(procfs.path(self.root, "proc")))
+        for name in names:
             if name.isdigit() and int(name) != me:
                 st = self._stat(int(name))
                 if st is not None and st["state"] not in ("Z", "X") and not (st["flags"] & procfs.PF_KTHREAD):
