@@ -115,6 +115,19 @@ def test_slurm_job_one_node_only(slurm, job):
     assert rep["job"]["nodes"] == ["n2"] and [x["rank"] for x in rep["ranks"]] == [1]
 
 
+def test_slurm_job_nodes_that_time_out_are_named(slurm, job):
+    """srun stopped when the nodes overrun: each node is reported as timed out, nothing stays behind."""
+    r = run_cli("diagnose", "--slurm-job", job, "--duration", "10", "--node-timeout", "4", "--json",
+                env=slurm.env, timeout=120)
+    assert r.rc == 3, r.err
+    rep = r.json()
+    assert {n["node"]: n["status"] for n in rep["nodes"]} == {"n1": "timeout", "n2": "timeout"}
+    assert any("did not finish within 4 s" in x for x in rep["notes"])
+    time.sleep(3)
+    left = subprocess.run(["pgrep", "-f", "--", f"agent diagnose --slurm-local {job} "], capture_output=True, text=True)
+    assert left.stdout.split() == []
+
+
 def test_slurmd_stopped_mid_window(slurm, job):
     """The healthy node's slurmd dies while the agents watch: the report says so; the rest stands."""
     argv = [PY, "-m", "agent", "diagnose", "--slurm-job", job, "--duration", "10", "--json"]
