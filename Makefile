@@ -8,7 +8,7 @@ TORCH_PIN  := torch==2.13.0
 STAMP      := $(VENV)/.installed
 # Debian packages the probes and the tests use (perf, numactl, bcc and kernel headers for eBPF,
 # hwloc/pciutils for topology cross-checks, chromium for rendering tests).
-APT_PKGS   := linux-perf numactl python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 hwloc pciutils chromium
+APT_PKGS   := linux-perf numactl python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 hwloc pciutils chromium slurm-wlm munge
 
 .PHONY: demo test deps system venv host clean
 

@@ -20,6 +20,7 @@ COMMANDS = (
     ("agent.commands.preflight", "preflight"),
     ("agent.commands.flamegraph", "flamegraph"),
     ("agent.commands.report", "report"),
+    ("agent.commands.watch", "watch"),
 )
 
 

@@ -37,10 +37,18 @@ def _names(value: str | None) -> tuple[str, ...]:
                    "for `trainprobe report BUNDLE`.")
 @click.option("--html", "html_path", metavar="FILE", default=None,
               help="Also write the report as one self-contained HTML file (timeline, flame graphs).")
+@click.option("--slurm-job", "slurm_job", metavar="JOBID", default=None,
+              help="Diagnose every node of this running Slurm job (srun fans the agent out; one merged job report).")
+@click.option("--nodes", default=None, help="With --slurm-job: only these nodes (a Slurm host list).")
+@click.option("--slurm-local", "slurm_local", metavar="JOBID", default=None, hidden=True)
+@click.option("--with-captures", is_flag=True, hidden=True)
+@click.option("--node-timeout", type=float, default=None, hidden=True)
 @redact_option
 @click.pass_obj
 def command(app: App, pid: int | None, duration: float, rate: int | None, as_json: bool, only: str | None,
-            skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None) -> None:
+            skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None,
+            slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
+            with_captures: bool = False, node_timeout: float | None = None) -> None:
     """Attach to a running training process and explain what holds its step back."""
     from agent import diagnosis
     from agent.commands.report import check_outputs, write_outputs
@@ -51,6 +59,15 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     if unknown:
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                                  param_hint="--probes/--skip")
+    if slurm_local or slurm_job:
+        from agent.commands import slurm_job as sj
+        if slurm_local:
+            return sj.run_local(app, slurm_local, duration, rate, _names(only), _names(skip), deep, with_captures)
+        code = sj.run_job(app, slurm_job, _names(nodes), duration, rate, _names(only), _names(skip), deep,
+                          as_json, save_path, html_path, node_timeout)
+        if code:
+            raise app.fail(f"no node of job {slurm_job} gave a report", code)
+        return
     check_outputs(app, save_path, html_path)
     try:
         d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),

@@ -63,6 +63,14 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
     from agent import bundle, diagnosis
 
     check_outputs(app, None, html_path)
+    from agent.fleet import jobbundle
+    if jobbundle.is_job_bundle(bundle_path):
+        from agent.commands.slurm_job import render
+        try:
+            rep = jobbundle.rediagnose(bundle_path)
+        except bundle.BundleError as exc:
+            raise app.fail(str(exc), EXIT_BAD_INPUT) from None
+        return render(app, rep, as_json, html_path)
     try:
         b = bundle.load(bundle_path)
     except bundle.BundleError as exc:
