@@ -106,7 +106,7 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so.
-            cost = pr.fit_budget(spec, job, pr.min_cost(spec.window_s))
+            cost = pr.fit_budget(spec, job, pr.min_cost(spec.window_s, job.threads))
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:

@@ -39,6 +39,14 @@ DEFAULT_RATE_HZ = 25
 PYSPY_FIXED_CPU_S = 0.02
 PYSPY_RSS_MB = 14.0
 SAMPLE_CPU_S = 0.0004          # per sample of one process, its own sampler
+# py-spy reads every thread's stack on each sample: a CUDA training process with 19 threads cost
+# 0.44 CPU-s at 23 Hz over 6 s on the GPU node (benchmarks/gpu_cost.py), 3.2 ms a sample.
+SAMPLE_CPU_S_PER_THREAD = 0.00017
+
+
+def sample_cpu_s(threads: int) -> float:
+    """py-spy's CPU (and the parse) per sample of one process with `threads` threads."""
+    return max(SAMPLE_CPU_S, SAMPLE_CPU_S_PER_THREAD * max(threads, 1))
 SAMPLE_CPU_S_SUBPROCESSES = 0.0008   # per sample of each process under one --subprocesses sampler
 MIN_MAIN_RATE_HZ = 10          # 100 samples per 10 s: shares to +-10 points; coarser cannot rank fixes
 MIN_WORKER_RATE_HZ = 2
@@ -47,7 +55,7 @@ WORKER_SHARE = 0.4             # of the probe's CPU, for workers, when the job h
 
 
 def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[int, int], cpu_s: float,
-                  max_rate_hz: int) -> dict[str, Any] | None:
+                  max_rate_hz: int, threads: int = 1) -> dict[str, Any] | None:
     """The cheapest sampling that fits `cpu_s`: the target at up to `max_rate_hz`; its workers at a
     lower rate, a rotating subset of MAX_WORKER_SAMPLERS at a time; None if not even the target fits.
 
@@ -65,12 +73,13 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
                 "worker_rate_hz": rate, "worker_slots": [],
                 "cpu_seconds": PYSPY_FIXED_CPU_S + rate * per_window * n * SAMPLE_CPU_S_SUBPROCESSES}
     main_cpu = cpu_s * (1.0 - WORKER_SHARE) if workers else cpu_s
-    rate = min(max_rate_hz, int((main_cpu - PYSPY_FIXED_CPU_S) / (per_window * SAMPLE_CPU_S)))
+    main_sample = sample_cpu_s(threads)
+    rate = min(max_rate_hz, int((main_cpu - PYSPY_FIXED_CPU_S) / (per_window * main_sample)))
     if rate < MIN_MAIN_RATE_HZ:
-        rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * SAMPLE_CPU_S)))
+        rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * main_sample)))
         if rate < MIN_MAIN_RATE_HZ:
             return None
-    cost = PYSPY_FIXED_CPU_S + rate * per_window * SAMPLE_CPU_S
+    cost = PYSPY_FIXED_CPU_S + rate * per_window * main_sample
     left = cpu_s - cost
     plan: dict[str, Any] = {"mode": "per_pid", "main_pid": main, "main_rate_hz": rate, "workers": workers,
                             "worker_rate_hz": 0, "worker_slots": []}
@@ -129,9 +138,9 @@ class PySpyProbe(Probe):
         return pyspy_availability(spec)
 
     @staticmethod
-    def min_cost(window_s: float) -> float:
+    def min_cost(window_s: float, threads: int = 1) -> float:
         """The training process alone at MIN_MAIN_RATE_HZ: the least sampling worth a diagnosis."""
-        return PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * max(window_s, 0.5) * SAMPLE_CPU_S + 1e-6
+        return PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * max(window_s, 0.5) * sample_cpu_s(threads) + 1e-6
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))
@@ -139,7 +148,8 @@ class PySpyProbe(Probe):
                          PYSPY_RSS_MB * (1 + n / 4), f"{n} process(es) at {spec.rate_hz} Hz under one sampler")
 
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
-        plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz)
+        plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz,
+                             job.threads)
         if plan is None:
             return None
         spec.options["pyspy_plan"] = plan
