@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from probes import redact
-from probes.errors import ProbeError, TimedOut, translate_oserror
+from probes.errors import ProbeError, TimedOut, parser, translate_oserror
 
 STATUSES = ("ok", "skipped", "failed", "timeout")
 
@@ -243,6 +243,13 @@ class Probe:
     cost: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 10.0     # allowed beyond the window before the probe is abandoned
     default_enabled: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        # A capture may come from a bundle someone else saved: a malformed one is MalformedInput.
+        super().__init_subclass__(**kw)
+        fn = cls.__dict__.get("parse")
+        if isinstance(fn, staticmethod):
+            cls.parse = staticmethod(parser(f"{cls.name or cls.__name__} capture")(fn.__func__))  # type: ignore[method-assign]
 
     def check(self, spec: WatchSpec) -> Availability:
         """Can this probe run here, now, against this target? If not, one actionable line."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from probes import procfs
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import Unavailable
+from probes.errors import Unavailable, parser
 from probes.nvml import NA, Nvml, is_na
 
 FORMAT = "trainprobe.nvml/1"
@@ -344,6 +344,7 @@ def capture_from_nvml_json(text: str) -> Capture:
     return cap
 
 
+@parser("NVML values normalise")
 def normalise(d: dict[str, Any]) -> dict[str, Any]:
     """Either layout -> the multi-GPU layout. The older single-GPU capture keeps one GPU's fields at
     the top level and records neither the end of its window nor the process lists."""
@@ -361,6 +362,7 @@ def normalise(d: dict[str, Any]) -> dict[str, Any]:
             "ended_unix_us": d.get("ended_unix_us"), "system": {"driver": dev.get("driver")}, "gpus": [g]}
 
 
+@parser("NVML values cpulist_from_words")
 def cpulist_from_words(words: list[int] | None) -> str | None:
     """NVML's CPU affinity bitmask (64-bit words, CPU 0 in bit 0 of word 0) -> '0-15,32-47'."""
     if not words:
@@ -369,6 +371,7 @@ def cpulist_from_words(words: list[int] | None) -> str | None:
     return procfs.format_cpulist(cpus) if cpus else None
 
 
+@parser("NVML values pcie_link_gbps")
 def pcie_link_gbps(gen: Any, width: Any) -> float | None:
     """One direction's ceiling of a PCIe link in GB/s (Gen5 x16: 63.0)."""
     if not isinstance(gen, int) or not isinstance(width, int) or gen not in PCIE_LANE or width <= 0:
@@ -377,6 +380,7 @@ def pcie_link_gbps(gen: Any, width: Any) -> float | None:
     return round(rate * width * eff / 8.0, 2)
 
 
+@parser("NVML values decode_clock_reasons")
 def decode_clock_reasons(mask: Any) -> list[str]:
     if not isinstance(mask, int):
         return []
@@ -535,6 +539,7 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     return st
 
 
+@parser("NVML values analyse")
 def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     """Pure: nvml.json (either layout) -> the `gpu` evidence."""
     d = normalise(raw)

@@ -24,6 +24,7 @@ from typing import Any
 
 from probes import procfs
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.errors import parser
 
 NODE_DIR = "sys/devices/system/node"
 PCI_DIR = "sys/bus/pci/devices"
@@ -89,6 +90,7 @@ def parse_int(text: str | None) -> int | None:
         return None
 
 
+@parser("sysfs parse_link_speed")
 def parse_link_speed(text: str | None) -> float | None:
     """'8.0 GT/s PCIe', '8 GT/s', '2.5 GT/s' -> GT/s; 'Unknown speed' or absent -> None."""
     if not text:
@@ -121,6 +123,7 @@ def link_gbps(gen: int | None, width: int | None) -> float | None:
     return LANE_GBPS[gen] * width
 
 
+@parser("sysfs parse_cpumask")
 def parse_cpumask(text: str | None) -> list[int]:
     """'00000000,0000ff00' (32-bit words, most significant first) -> [8, ..., 15]."""
     text = clean(text)
@@ -129,10 +132,10 @@ def parse_cpumask(text: str | None) -> list[int]:
     words = text.split(",")
     cpus: list[int] = []
     for i, word in enumerate(reversed(words)):
-        try:
-            v = int(word, 16)
-        except ValueError:
+        # Only hex digits: int("-1f", 16) is negative and would never shift down to 0.
+        if not word or len(word) > 8 or any(c not in "0123456789abcdefABCDEF" for c in word):
             return []
+        v = int(word, 16)
         bit = 0
         while v:
             if v & 1:
@@ -262,6 +265,7 @@ def _meminfo_mb(text: str | None) -> float | None:
     return round(int(m.group(1)) / 1024.0, 1) if m else None
 
 
+@parser("sysfs parse_snapshot")
 def parse_snapshot(snap: dict[str, Any], end_links: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Pure: raw sysfs files -> the `topology` evidence."""
     files: dict[str, str | None] = snap["files"]
