@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from probes import redact
-from probes.errors import ProbeError, TimedOut, translate_oserror
+from probes.errors import ProbeError, TimedOut, parser, translate_oserror
 
 STATUSES = ("ok", "skipped", "failed", "timeout")
 
@@ -363,6 +363,13 @@ class Probe:
         the cost; None when no useful setting fits (the session then skips the probe, with the reason)."""
         cost = self.estimate_cost(spec, job)
         return cost if cost.cpu_s <= cpu_s else None
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        # A capture may come from a bundle someone else saved: a malformed one is MalformedInput.
+        super().__init_subclass__(**kw)
+        fn = cls.__dict__.get("parse")
+        if isinstance(fn, staticmethod):
+            cls.parse = staticmethod(parser(f"{cls.name or cls.__name__} capture")(fn.__func__))  # type: ignore[method-assign]
 
     def check(self, spec: WatchSpec) -> Availability:
         """Can this probe run here, now, against this target? If not, one actionable line."""

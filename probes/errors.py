@@ -6,6 +6,10 @@ one of five kinds and a message a user can act on.
 from __future__ import annotations
 
 import errno
+import functools
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ProbeError(Exception):
@@ -70,3 +74,35 @@ def translate_psutil_error(exc: Exception, what: str) -> ProbeError:
     if isinstance(exc, OSError):
         return translate_oserror(exc, what)
     return ProbeError(f"{what}: {exc}")
+
+
+class MalformedInput(BadInput, ValueError):
+    """Text handed over by a target or a host (a /proc file, perf's output, a capture in a bundle)
+    that a parser cannot read. Also a ValueError, so callers that tolerate bad values keep doing so."""
+
+    kind = "bad_input"
+
+
+# What a pure parser may stumble on when its input is not what the kernel or tool would write.
+_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError, ZeroDivisionError,
+                 RecursionError, UnicodeError)
+
+
+def parser(what: str) -> Callable[[F], F]:
+    """Decorator for a parser of untrusted text: a malformed input raises MalformedInput (one line
+    naming `what`), never a bare exception that would end as a traceback."""
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapped(*a: Any, **kw: Any) -> Any:
+            try:
+                return fn(*a, **kw)
+            except ProbeError:
+                raise
+            except _PARSE_ERRORS as exc:
+                msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                raise MalformedInput(f"{what}: malformed input ({msg})") from None
+
+        return wrapped  # type: ignore[return-value]
+
+    return deco

@@ -31,7 +31,7 @@ from typing import Any
 
 from probes import procfs
 from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
-from probes.errors import Unavailable
+from probes.errors import Unavailable, parser
 from probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
 from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 
@@ -346,6 +346,7 @@ def capture_from_nvml_json(text: str) -> Capture:
     return cap
 
 
+@parser("NVML values normalise")
 def normalise(d: dict[str, Any]) -> dict[str, Any]:
     """Either layout -> the multi-GPU layout. The older single-GPU capture keeps one GPU's fields at
     the top level and records neither the end of its window nor the process lists."""
@@ -363,10 +364,11 @@ def normalise(d: dict[str, Any]) -> dict[str, Any]:
             "ended_unix_us": d.get("ended_unix_us"), "system": {"driver": dev.get("driver")}, "gpus": [g]}
 
 
-cpulist_from_words = cpulist_from_nvml_words
-decode_clock_reasons = clock_event_keys
+cpulist_from_words = parser("NVML values cpulist_from_words")(cpulist_from_nvml_words)
+decode_clock_reasons = parser("NVML values decode_clock_reasons")(clock_event_keys)
 
 
+@parser("NVML values pcie_link_gbps")
 def pcie_link_gbps(gen: Any, width: Any) -> float | None:
     """One direction's ceiling of a PCIe link in GB/s, to the report's precision (Gen5 x16: 63.02)."""
     gbps = link_gbps(gen, width)
@@ -525,6 +527,7 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     return st
 
 
+@parser("NVML values analyse")
 def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     """Pure: nvml.json (either layout) -> the `gpu` evidence."""
     d = normalise(raw)

@@ -21,7 +21,7 @@ from typing import Any
 
 from probes import procfs
 from probes.hw import PCI_VENDOR_NVIDIA
-from probes.errors import PermissionDenied, Unavailable, translate_oserror
+from probes.errors import PermissionDenied, Unavailable, parser, translate_oserror
 
 NVIDIA_VENDOR = f"{PCI_VENDOR_NVIDIA:#06x}"     # as sysfs prints it: "0x10de"
 # PCI base class 0x03 (display controller): 0x0300 VGA, 0x0302 3D controller. NVSwitches (0x0680)
@@ -77,6 +77,7 @@ def read_meminfo(root: str = "/") -> str:
     return procfs.read_text(root, "proc/meminfo")
 
 
+@parser("host parse_meminfo")
 def parse_meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo -> {field: bytes} (values given in kB are converted; counts stay counts)."""
     out: dict[str, int] = {}
@@ -120,6 +121,7 @@ def read_shm(root: str = "/") -> dict[str, Any]:
     return out
 
 
+@parser("host parse_size_option")
 def parse_size_option(opt: str) -> int | None:
     """tmpfs size= option ('65536k', '64m', '32g', '1234') -> bytes; percentages -> None."""
     m = re.fullmatch(r"(\d+)([kmgtKMGT]?)", opt.strip())
@@ -129,6 +131,7 @@ def parse_size_option(opt: str) -> int | None:
     return int(m.group(1)) * mult
 
 
+@parser("host parse_shm")
 def parse_shm(raw: dict[str, Any]) -> dict[str, Any]:
     """-> {mounted, fstype, size_bytes, free_bytes, source}. statvfs wins over the mount option."""
     lines = raw.get("mount_lines") or []
@@ -160,6 +163,7 @@ _LIMIT_NAMES = {"Max locked memory": "memlock", "Max open files": "nofile", "Max
                 "Max stack size": "stack", "Max core file size": "core"}
 
 
+@parser("host parse_limits")
 def parse_limits(text: str) -> dict[str, dict[str, Any]]:
     """-> {memlock: {soft, hard, unit}, nofile: {...}}; 'unlimited' is None."""
     out: dict[str, dict[str, Any]] = {}
@@ -281,6 +285,7 @@ _XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
 _SXID_RE = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
 
 
+@parser("host parse_kmsg_line")
 def parse_kmsg_line(line: str) -> dict[str, Any] | None:
     m = _KMSG_RE.match(line)
     if not m:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from probes.errors import parser
 from probes.procfs import format_cpulist, parse_cpulist
 
 __all__ = [
@@ -43,6 +44,7 @@ def pcie_gen(gts: float | None) -> int | None:
     return None
 
 
+@parser("sysfs parse_link_speed")
 def parse_link_speed(text: str | None) -> float | None:
     """sysfs `*_link_speed`: '8.0 GT/s PCIe', '8 GT/s', '2.5 GT/s' -> GT/s; 'Unknown speed' or absent -> None."""
     if not text:
@@ -107,6 +109,7 @@ def parse_cpus(text: str | None) -> list[int]:
         return []
 
 
+@parser("sysfs parse_cpumask")
 def parse_cpumask(text: str | None) -> list[int]:
     """'00000000,0000ff00' (32-bit words, most significant first) -> [8, ..., 15]."""
     text = clean(text)
@@ -115,10 +118,10 @@ def parse_cpumask(text: str | None) -> list[int]:
     words = text.split(",")
     cpus: list[int] = []
     for i, word in enumerate(reversed(words)):
-        try:
-            v = int(word, 16)
-        except ValueError:
+        # Only hex digits: int("-1f", 16) is negative and would never shift down to 0.
+        if not word or len(word) > 8 or any(c not in "0123456789abcdefABCDEF" for c in word):
             return []
+        v = int(word, 16)
         bit = 0
         while v:
             if v & 1:

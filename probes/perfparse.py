@@ -32,6 +32,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from probes.errors import parser
+
 NOT_SUPPORTED = "not supported"
 NOT_COUNTED = "not counted"
 COUNTED = "counted"
@@ -136,6 +138,7 @@ def _value_index(f: list[str]) -> int | None:
     return None
 
 
+@parser("perf stat output parse_line")
 def parse_line(line: str, sep: str) -> Row | None:
     """One line of perf stat -x output -> a Row, or None when it holds no counter."""
     if not line.strip() or line.lstrip().startswith("#"):
@@ -208,6 +211,7 @@ def detect_separator(text: str) -> str:
     return best
 
 
+@parser("perf stat output parse_text")
 def parse_text(text: str, sep: str | None = None) -> ParsedStat:
     """All the counter rows of one perf stat -x output (file written with -o, or its stderr)."""
     sep = sep or detect_separator(text)

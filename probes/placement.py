@@ -28,7 +28,7 @@ from typing import Any
 
 from probes import procfs
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
-from probes.errors import TargetGone
+from probes.errors import TargetGone, parser
 
 NODE_DIR = "sys/devices/system/node"
 SAMPLES = 8                    # thread samples over the window (at least start and end)
@@ -52,6 +52,7 @@ def stat_fields(text: str) -> tuple[int, int, int | None, int, str, str] | None:
         return None
 
 
+@parser("placement parse_numa_maps")
 def parse_numa_maps(text: str) -> dict[str, Any]:
     """Resident bytes per NUMA node: all mappings, and the process's data (anonymous memory and
     shared memory such as DataLoader batches in /dev/shm), leaving out mapped program files and
@@ -249,6 +250,7 @@ def _role(pid: str, d: dict[str, Any], parents: dict[str, str | None]) -> str:
     return "child"
 
 
+@parser("placement parse_placement")
 def parse_placement(d: dict[str, Any]) -> dict[str, Any]:
     """Pure: the sampler's record -> the `placement` evidence."""
     clk = float(d.get("clk_tck") or procfs.CLK_TCK)

@@ -18,13 +18,16 @@ from typing import Any, Iterator
 import psutil
 
 from probes import redact
-from probes.errors import ProbeError, translate_oserror, translate_psutil_error
+from probes.errors import ProbeError, parser, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # The only environment variables trainprobe ever reads from another process. Nothing else from a
 # process environment may appear in any output.
 ENV_WHITELIST = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
+
+
+MAX_CPUS = 1 << 16           # a cpulist naming more CPUs than this is not from a kernel
 
 
 def path(root: str, *parts: str) -> str:
@@ -58,6 +61,7 @@ def try_read_text(root: str, rel: str) -> str | None:
 
 # -- pure parsers -------------------------------------------------------------------------------
 
+@parser("/proc parse_cpulist")
 def parse_cpulist(text: str | None) -> list[int]:
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]. Empty or None -> []."""
     cpus: list[int] = []
@@ -69,6 +73,8 @@ def parse_cpulist(text: str | None) -> list[int]:
             continue
         if "-" in part:
             lo, hi = part.split("-", 1)
+            if int(hi) - int(lo) > MAX_CPUS or int(hi) > MAX_CPUS:
+                raise ValueError(f"CPU range {part} is larger than any machine's")
             cpus.extend(range(int(lo), int(hi) + 1))
         else:
             cpus.append(int(part))
@@ -89,6 +95,7 @@ def format_cpulist(cpus: list[int]) -> str:
     return ",".join(out)
 
 
+@parser("/proc parse_stat")
 def parse_stat(text: str) -> dict[str, Any]:
     """/proc/PID/stat or /proc/PID/task/TID/stat. The comm field may hold spaces and parentheses."""
     lpar, rpar = text.index("("), text.rindex(")")
@@ -109,6 +116,7 @@ def parse_stat(text: str) -> dict[str, Any]:
 PF_KTHREAD = 0x00200000
 
 
+@parser("/proc parse_status")
 def parse_status(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in text.splitlines():
@@ -118,6 +126,7 @@ def parse_status(text: str) -> dict[str, str]:
     return out
 
 
+@parser("/proc parse_schedstat")
 def parse_schedstat(text: str | None) -> dict[str, float] | None:
     """/proc/PID/task/TID/schedstat: on-CPU ns, run-queue wait ns, timeslices."""
     if not text:
@@ -128,6 +137,7 @@ def parse_schedstat(text: str | None) -> dict[str, float] | None:
     return {"run_s": int(parts[0]) / 1e9, "wait_s": int(parts[1]) / 1e9, "timeslices": int(parts[2])}
 
 
+@parser("/proc parse_argv")
 def parse_argv(raw: bytes | str) -> list[str]:
     """/proc/PID/cmdline -> the argv list, with credentials redacted (probes.redact)."""
     if isinstance(raw, str):
@@ -140,6 +150,7 @@ def parse_cmdline(raw: bytes | str) -> str:
     return " ".join(parse_argv(raw))
 
 
+@parser("/proc parse_environ_whitelist")
 def parse_environ_whitelist(raw: bytes, names: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str]:
     """Keep only whitelisted variables: nothing else from the environment leaves this function."""
     keep = {n.encode() for n in names}
@@ -151,6 +162,7 @@ def parse_environ_whitelist(raw: bytes, names: tuple[str, ...] = ENV_WHITELIST) 
     return out
 
 
+@parser("/proc parse_maps_libraries")
 def parse_maps_libraries(text: str) -> list[str]:
     """Distinct shared-object paths mapped by a process."""
     libs: set[str] = set()
@@ -161,6 +173,7 @@ def parse_maps_libraries(text: str) -> list[str]:
     return sorted(libs)
 
 
+@parser("/proc parse_cpu_max")
 def parse_cpu_max(text: str | None) -> float | None:
     """cgroup v2 cpu.max ('max 100000' or '200000 100000') -> cores, or None if unlimited."""
     if not text:
@@ -171,6 +184,7 @@ def parse_cpu_max(text: str | None) -> float | None:
     return int(parts[0]) / int(parts[1])
 
 
+@parser("/proc parse_cgroup_v2_path")
 def parse_cgroup_v2_path(text: str | None) -> str | None:
     if not text:
         return None

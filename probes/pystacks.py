@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from probes.errors import parser
+
 TRAIN_CATEGORIES = ("data_wait", "data_load", "h2d_copy", "host_sync", "forward", "backward",
                     "optimizer", "other")
 WORKER_CATEGORIES = ("getitem", "transform", "collate", "idle", "other")
@@ -64,6 +66,7 @@ _THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")    # a thread wit
 _PROCESS_FRAME = re.compile(r'^process (\d+):')
 
 
+@parser("py-spy chrometrace read_chrometrace")
 def read_chrometrace(events: list[dict[str, Any]]) -> list[ThreadTrace]:
     """py-spy `record -f chrometrace` -> one ThreadTrace per (pid, thread).
 

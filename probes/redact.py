@@ -44,7 +44,7 @@ _TEXT_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 # Cheap test first: most strings (frame names, file names) hold nothing a rule could match.
-_MAYBE = re.compile(rf"{_NAME}\s*=|-{_NAME}\s|://[^/\s]*@", re.IGNORECASE)
+_MAYBE = re.compile(r"key|token|secret|passw|pwd|auth|credential|cookie|://", re.IGNORECASE)
 
 _extra: list[re.Pattern[str]] = []
 

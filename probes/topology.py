@@ -26,6 +26,7 @@ from probes import procfs
 from probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
                        parse_link_width, pcie_gen)
 from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from probes.errors import parser
 
 NODE_DIR = "sys/devices/system/node"
 PCI_DIR = "sys/bus/pci/devices"
@@ -179,6 +180,7 @@ def _meminfo_mb(text: str | None) -> float | None:
     return round(int(m.group(1)) / 1024.0, 1) if m else None
 
 
+@parser("sysfs parse_snapshot")
 def parse_snapshot(snap: dict[str, Any], end_links: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Pure: raw sysfs files -> the `topology` evidence."""
     files: dict[str, str | None] = snap["files"]

@@ -120,9 +120,11 @@ def test_archive_member_names_cannot_write_outside(tmp_path):
              for name in ["bundle.json", "report.json"] + [f"captures/{c.probe}.json" for c in caps]}
     _tar(tmp_path / "evil.tar.gz", files)
     before = set(os.listdir(tmp_path.parent.parent))
-    b = bundle.load(str(tmp_path / "evil.tar.gz"))           # read in memory, nothing extracted
-    assert b.report["findings"] == rep["findings"]
+    with pytest.raises(bundle.BundleError, match="unsafe member name"):   # refused, not extracted
+        bundle.load(str(tmp_path / "evil.tar.gz"))
     assert set(os.listdir(tmp_path.parent.parent)) == before
+    r = run_cli("report", str(tmp_path / "evil.tar.gz"))
+    assert r.rc == 2 and "unsafe member name" in one_clean_line(r)
 
 
 def test_diagnose_refuses_unwritable_outputs_before_watching(tmp_path):
