@@ -3,7 +3,6 @@ node's own findings. One self-contained file, every string escaped."""
 from __future__ import annotations
 
 import html
-import os
 from typing import Any
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}
@@ -75,7 +74,5 @@ def render(rep: dict[str, Any]) -> str:
 
 
 def write(rep: dict[str, Any], path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(render(rep))
-    os.replace(tmp, path)
+    from reports import output
+    output.write(path, render(rep))

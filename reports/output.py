@@ -11,7 +11,9 @@ to the operator behind `sudo`.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import re
 import tempfile
 from typing import Any
@@ -41,10 +43,33 @@ def give_back(path_or_fd: str | int) -> None:
         os.chown(path_or_fd, *owner, follow_symlinks=False)
 
 
+def _stream_target(path: str) -> bool:
+    """Whether `path` names a stream to write into rather than a file to replace: /dev/null, a
+    terminal, a pipe (`-o /dev/stdout` in a pipeline). Renaming over those would put a regular file
+    where the device was (as root, /dev/null itself). Any other existing non-regular file (a block
+    device, a socket) is refused."""
+    try:
+        st = os.stat(path)                      # follows links: /dev/stdout -> /proc/self/fd/1 -> pipe
+    except OSError:
+        return False
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return False
+    if stat.S_ISFIFO(st.st_mode):
+        return True
+    real = os.path.realpath(path)
+    if stat.S_ISCHR(st.st_mode) and (real in ("/dev/null", "/dev/tty") or real.startswith("/dev/pts/")):
+        return True
+    raise OSError(errno.EINVAL, "not a regular file, a terminal, a pipe or /dev/null", path)
+
+
 def write(path: str, data: str | bytes, private: bool = True) -> str:
     """Write `data` to `path` atomically with the mode and owner described above. Raises OSError."""
     if isinstance(data, str):
         data = data.encode("utf-8")
+    if _stream_target(path):
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return path
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)[:40]}.", suffix=".tmp", dir=d)
     try:

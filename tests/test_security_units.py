@@ -13,12 +13,14 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from probes import redact, sourcelines
+from reports import output
 from tests.helpers import DATA, PY, REPO, run_cli
 
 
@@ -431,3 +433,17 @@ def test_make_test_does_not_change_the_host():
     assert "prepare-host" in r.stdout
     ci = (REPO / ".ci" / "run").read_text()
     assert "TRAINPROBE_PREPARE_HOST=1" in ci and "TRAINPROBE_REQUIRE_LIVE=1" in ci
+
+
+def test_writing_to_dev_null_or_a_pipe_leaves_the_device_in_place(tmp_path):
+    """An output named /dev/null or a FIFO is written into, never replaced by a regular file."""
+    output.write("/dev/null", "report")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    output.write(str(fifo), "through the pipe")
+    reader.join(5)
+    assert got == ["through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from agent import __version__, bundle
+from reports import output
 from probes.base import Capture
 
 SCHEMA = "trainprobe.job-bundle/1"
@@ -38,17 +39,21 @@ def check_target(path: str) -> None:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    # One small writer, so the project's atomic output writer can replace it in one place.
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, default=str)
-    os.replace(tmp, path)
+    output.write(path, json.dumps(obj, indent=2, default=str))
+
+
+def _make_dirs(top: str, rel: str) -> None:
+    """Private directories from `top` down to top/rel, each through the project's output module."""
+    cur = top
+    for part in [top] + [c for c in rel.split(os.sep) if c]:
+        cur = part if part == top else os.path.join(cur, part)
+        output.make_dir(cur)
 
 
 def save(path: str, job_report: dict[str, Any], payloads: list[dict[str, Any]]) -> str:
     check_target(path)
     try:
-        os.makedirs(os.path.join(path, "nodes"), exist_ok=True)
+        _make_dirs(path, "nodes")
         nodes = []
         for p in payloads:
             entry = {k: p.get(k) for k in ("node", "hostname", "status", "reason", "exit_code", "slurm_state",
@@ -60,7 +65,7 @@ def save(path: str, job_report: dict[str, Any], payloads: list[dict[str, Any]]) 
                 b = t.get("bundle")
                 if b:
                     rel = os.path.join("nodes", _safe(p["node"]), _safe((t.get("target") or {}).get("pid")))
-                    os.makedirs(os.path.join(path, rel), exist_ok=True)
+                    _make_dirs(path, rel)
                     bundle.save(os.path.join(path, rel), [Capture.from_dict(c) for c in b["captures"]],
                                 b["context"], t.get("report"))
                     te["bundle"] = rel
