@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agent.target import EXIT_BAD_INPUT, UserError
+from probes import redact
 
 LAUNCH_GRACE_S = 45.0        # srun start-up, the agent's imports and probe set-up and teardown
 FRAME_BEGIN, FRAME_END = "<trainprobe-node>", "</trainprobe-node>"
@@ -94,7 +95,9 @@ def fan_out(job_id: str, nodes: list[str], node_args: list[str], timeout_s: floa
             progress: Callable[[str], None]) -> FanOut:
     argv = ["srun", "--overlap", "--jobid", job_id, f"-N{len(nodes)}", "--ntasks-per-node=1",
             "-w", ",".join(nodes), "--label", "--kill-on-bad-exit=0", "--input=none",
-            *agent_command(), "diagnose", "--slurm-local", job_id, *node_args]
+            *agent_command(), "diagnose", "--slurm-local", job_id, *node_args,
+            # The operator's own --redact patterns apply on every node, not only here.
+            *(a for p in redact.extra_patterns() for a in ("--redact", p))]
     if not shutil.which("srun"):
         raise UserError("srun not found: --slurm-job needs Slurm's commands on this host's PATH", EXIT_BAD_INPUT)
     progress(f"fanning out to {len(nodes)} node(s) of job {job_id} with srun: {', '.join(nodes)}")
