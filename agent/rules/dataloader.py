@@ -38,11 +38,15 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
 # Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
-BETA = (0.0, 0.5, 0.9)        # (none, middle, high)
+BETA = (0.0, 0.0, 0.9)        # (none, middle, high)
 # The loop's own time after a fix that turns pin_memory on in a CUDA job that copied from pageable
 # memory: C becomes A_PIN * C (docs/models.md: fitted to the GPU ledger's timm and Lightning rows,
 # where the loop after the fix ran faster than its own measured time C; in-sample).
-A_PIN = (0.5, 0.57, 1.0)      # (most shrink, middle, none)
+A_PIN = (0.6, 0.77, 1.0)      # (most shrink, middle, none)
+# Re-created workers cost the loop more than the time py-spy sees it starting and joining them (s):
+# after each fork the parent pays copy-on-write faults in its own code. Persistent workers return
+# CHURN_M * s (docs/models.md: fitted to the CPU ledger's workers-recreated row, two runs).
+CHURN_M = (1.0, 2.3, 3.0)
 SAMPLE_Z = 2.0                # sampling error of f in the interval: this many standard errors
 CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
@@ -304,12 +308,15 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                              if any("_shutdown_workers" in fr for fr in x["stack"])), f - s_start)
             churn = s_start + s_stop
             if churn > 0:
-                speedup = 1.0 / (1.0 - churn)
-                interval = (1.0 / (1.0 - 0.5 * churn), 1.0 / (1.0 - churn - 0.5 * (f - churn)))
+                def _g(mult: float) -> float:
+                    return 1.0 / (1.0 - min(mult * churn, 0.9))
+                speedup = _g(CHURN_M[1])
+                interval = (_g(CHURN_M[0] * 0.5), _g(CHURN_M[2]))
                 facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(churn, 3)))
                 churn_bound = (f"workers re-created each epoch: the loop spends s={churn:.2f} starting and joining them "
-                               f"(py-spy); persistent workers remove it: 1/(1-s)={speedup:.2f}x, between half of s "
-                               f"and s plus half the rest of the data wait (f={f:.2f}); an estimate")
+                               f"(py-spy) and about {CHURN_M[1] - 1:g}x that again in copy-on-write faults after each "
+                               f"fork (fitted to the ledger); persistent workers remove it: 1/(1-{CHURN_M[1]:g}s)="
+                               f"{speedup:.2f}x ({CHURN_M[0] * 0.5:g}s to {CHURN_M[2]:g}s); an estimate")
         if more:
             kwargs["num_workers"] = w_prop
         if m["uses_cuda"] and not pinned_now:
