@@ -261,6 +261,11 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     pinned_now = any("pin_memory" in (t.get("name") or "") or any("_pin_memory_loop" in fr for top in t.get("top") or []
                                                                    for fr in top.get("stack", []))
                      for t in (spy.get("other_threads") or []))
+    if not w_now and not pinned_now:
+        # With num_workers=0 no pin-memory thread runs to show the setting; transformers' Trainer
+        # pins by default (dataloader_pin_memory=True), so a Trainer loop is not told to pin again.
+        pinned_now = any("Trainer._inner_training_loop" in fr for v in top_tt.values() for x in v
+                         for fr in x.get("stack", []))
     # A CUDA job that copies from pageable memory gets pin_memory=True with the fix: its loop sheds
     # part of its own time too (A_PIN, fitted to the GPU ledger).
     pin_fix = bool(m["uses_cuda"] and not pinned_now and not m["d_inloop"])
