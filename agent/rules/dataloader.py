@@ -20,8 +20,10 @@ under the pessimistic k: too few workers cost speed, a few too many only memory.
 counted live (the most alive at once), not every PID seen: workers re-created every epoch come and
 go, which the process probe sees, and the fix then adds persistent_workers=True. A fix never
 restates the current setting (today's live workers, pin_memory when its thread is seen).
-The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range and, with GPU
-evidence, the GPU-idle share: an estimate, not a bound. When today's workers already fill the
+The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range, the loop
+slowdown beside workers, the loop's shrink after a pinning fix (A_PIN), py-spy's sampling error of f
+and, with GPU evidence, the GPU-idle share: an estimate, not a bound (constants fitted to the
+validation ledger, docs/models.md). When today's workers already fill the
 cores, settings cannot help; the finding then quotes what halving the per-sample CPU cost would give.
 """
 from __future__ import annotations
