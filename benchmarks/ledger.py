@@ -41,6 +41,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 HEALTHY_MAX = 1.2            # a healthy job gives no finding above this
+QUIET = 1.1                  # a rule that stays silent claims its fix gains under this
 
 
 @dataclass
@@ -156,7 +157,9 @@ def gpu_cases() -> list[Case]:
         Case("timm-item", "gpu", "host.sync",
              {"job": "timm", "num_workers": 14, "pin_memory": True, "persistent_workers": True, "batch_size": 128,
               "model": "resnet18", "item_every": 1},
-             "timm resnet18, 14 workers, loss.item() every step"),
+             "timm resnet18, 14 workers, loss.item() every step", reference={"item_every": 100},
+             note="the workers fill the CPUs: removing .item() measured 0.90x (the loop then waits on data "
+                  "instead); host.sync stays silent when the loop also waits on its workers"),
         Case("hf-trainer-tokenize", "gpu", "dataloader.starved",
              {"job": "hf", "num_workers": 0, "pin_memory": True, "persistent_workers": False, "batch_size": 32},
              "transformers Trainer, BERT from config, tokenizing in __getitem__, num_workers=0"),
@@ -333,8 +336,9 @@ def _run_case(case: Case, rep: dict[str, Any], job: Job, reps: int, seconds: flo
             ratios = [a / b for a, b in zip(a_r, b_r)]
             row.update(reference_knobs=case.reference, reference_ratios=[round(x, 3) for x in ratios],
                        reference_measured=round(statistics.median(ratios), 3))
-            if row["reference_measured"] < 1.1 and row["top"] in (None, "compute.bound"):
-                row.update(ok=True, top_correct=True, reason="no finding, and the known fix gives < 1.1x")
+            if row["reference_measured"] < QUIET:
+                row.update(ok=True, top_correct=True, reason=f"no {case.expect} finding, and its known fix gives "
+                                                             f"< {QUIET:g}x")
         return row
     knobs = fix_knobs(f)
     after = (case.apply or apply_knobs)(case.knobs, knobs)
@@ -405,7 +409,11 @@ def render(ledgers: list[dict[str, Any]]) -> str:
             errs.append(abs(r["log_error"]))
             iv = r["interval"] or [r["predicted"]] * 2
             knobs = ", ".join(f"{k}={v}" for k, v in r["fix_knobs"].items())
-            out.append(f"| {r['case']}: {r['what']} | {r['top']} | {r['predicted']:.2f}x | {iv[0]:.2f}-{iv[1]:.2f}x "
+            if r.get("silent"):
+                knobs = f"{knobs} ({r['finding']}'s fix; {r['finding']} now stays silent: under {QUIET:g}x)"
+            pred = f"{r['predicted']:.2f}x" + (f" (no {r['finding']})" if r.get("silent") else "")
+            ivs = f"<{QUIET:g}x" if r.get("silent") else f"{iv[0]:.2f}-{iv[1]:.2f}x"
+            out.append(f"| {r['case']}: {r['what']} | {r['top']} | {pred} | {ivs} "
                        f"| {r['measured']:.2f}x ({r['measured_min']:.2f}-{r['measured_max']:.2f}) | "
                        f"{r['predicted'] / r['measured']:.2f} | {knobs} | {'yes' if r['ok'] else 'no'} |")
         rows = [r for r in led["rows"] if not r.get("error")]
@@ -443,6 +451,23 @@ def merge(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Path]]]:
     return list(by_kind.values())
 
 
+# Why a row the models do not meet misses (beside the figures to_tests writes): what is understood.
+MISS_WHY = {
+    "threads-oversubscribed": "16 intra-op threads on 2 CPUs: the training team's run-queue wait (r=0.79) is the "
+                              "team time-sharing useful work, so capping it at 2 threads measured 0.90x (0.85x on a "
+                              "loaded run), while the same fix measured 11.93x on an earlier job whose threads spun; "
+                              "the process probe cannot tell spinning from useful work yet (eBPF on-CPU time per "
+                              "thread could), so the 1/(1-r) model is kept and this row is not fitted",
+    "gan-recreated": "workers re-created every 16 steps hide their CPU (the process probe read 4 of the 12 worker "
+                     "PIDs in the window: D=0.55 where a loop waiting 84% on 2 workers implies 1.3-2), and a "
+                     "16-step epoch still waits for its first batch after persistent_workers=True, which the "
+                     "steady-state step leaves out; the rules also now propose more workers than the 6 measured",
+    "healthy-fixed-loader": "the loop does wait 13% on its one worker (2 CPUs leave no room for a second): the "
+                            "finding (halve the per-sample cost, 1.15x) stays under the healthy limit of 1.2x but "
+                            "ranks above compute.bound",
+}
+
+
 def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any]:
     """Copy a ledger and its bundles to tests/data/ledger/, listing under `misses` each row the
     current rules do not meet (re-diagnosed offline), with the reason, for tests/test_ledger.py."""
@@ -470,12 +495,30 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
         if f_now is not None and "measured" in r:
             r["predicted"], r["interval"] = f_now["expected_speedup"], f_now["expected_speedup_interval"]
             r["log_error"] = round(math.log(r["predicted"] / r["measured"]), 3)
+        elif "measured" in r:
+            # The rule now stays silent: it estimates 1.0x and claims under QUIET.
+            r["predicted"], r["interval"] = 1.0, [0.0, QUIET]
+            r["silent"] = True
+            r["log_error"] = round(math.log(1.0 / r["measured"]), 3)
         m: dict[str, str] = {}
         spread = (f"the repetitions measured {min(r['ratios']):.2f}-{max(r['ratios']):.2f}x"
                   if r.get("ratios") else "")
         if r["healthy"]:
             if (fs and fs[0]["id"] != "compute.bound") or any(f["expected_speedup"] > HEALTHY_MAX for f in fs):
                 m["top"] = f"a healthy job got {fs[0]['id']} at {fs[0]['expected_speedup']:.2f}x"
+        elif "measured" in r and r["measured"] < QUIET:
+            # The expected cause's own fix measured under QUIET: the right report does not claim it.
+            if any(x["id"] == r["expect"] for x in fs):
+                m["top"] = f"claims {r['expect']}, whose fix measured {r['measured']:.2f}x"
+            if r.get("silent") and r["measured"] < 0.8:
+                m["estimate"] = f"silent (1.0x) against {r['measured']:.2f}x; {spread}"
+            f = next((x for x in fs if x["id"] == r.get("finding")), None)
+            if f:
+                lo, hi = f["expected_speedup_interval"]
+                if not lo <= r["measured"] <= hi:
+                    m["interval"] = f"measured {r['measured']:.2f}x outside {lo:.2f}-{hi:.2f}x; {spread}"
+                if not 0.8 <= f["expected_speedup"] / r["measured"] <= 1.25:
+                    m["estimate"] = f"estimate {f['expected_speedup']:.2f}x against {r['measured']:.2f}x; {spread}"
         else:
             if not fs or fs[0]["id"] != r["expect"]:
                 ref = (f"; removing the cause measured {r['reference_measured']:.2f}x"
@@ -489,6 +532,8 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
                 if not 0.8 <= f["expected_speedup"] / r["measured"] <= 1.25:
                     m["estimate"] = f"estimate {f['expected_speedup']:.2f}x against {r['measured']:.2f}x; {spread}"
         if m:
+            if r["case"] in MISS_WHY:
+                m = {k: f"{MISS_WHY[r['case']]}. {v}" for k, v in m.items()}
             misses[r["case"]] = m
         r["top_correct"] = "top" not in m
         r["ok"] = not m and ("measured" in r or r["healthy"] or r.get("ok", False))

@@ -5,7 +5,8 @@ what these tests read); bundles/CASE.tar.gz are the bundles it saved while it di
 Each ledger row measured the job before and after applying the fix trainprobe printed. Here the
 current rules re-diagnose the same evidence, and the test asserts the numbers against what was
 measured: the measured speedup inside the finding's interval, the estimate within 0.8-1.25x of
-it, the right finding first, nothing above 1.2x on a healthy job, and no fix that restates the
+it (a rule that now stays silent estimates 1.0x and claims under 1.1x), the right finding first
+(or, where the expected cause's own fix measured under 1.1x, that cause not claimed), nothing above 1.2x on a healthy job, and no fix that restates the
 job's current setting. Rows the models do not meet yet are listed in the ledger JSON's `misses`
 with the reason, and are expected failures (strict: a row that starts passing must be taken off
 the list).
@@ -18,6 +19,7 @@ from tests.helpers import DATA, run_cli
 
 LEDGER = DATA / "ledger"
 HEALTHY_MAX = 1.2
+QUIET = 1.1        # a rule that stays silent claims its fix gains under this (the headline's threshold)
 
 
 def rows():
@@ -57,27 +59,36 @@ def test_top_finding_is_the_one_the_job_was_built_for(row, misses):
     got = [(f["id"], f["expected_speedup"]) for f in fs]
     if row["healthy"]:
         ok = (not fs or fs[0]["id"] == "compute.bound") and all(f["expected_speedup"] <= HEALTHY_MAX for f in fs)
+    elif row.get("measured", QUIET) < QUIET:
+        # The expected cause's own fix measured under 1.1x: the right report does not claim it.
+        ok = all(f["id"] != row["expect"] for f in fs)
     else:
         ok = bool(fs) and fs[0]["id"] == row["expect"]
     check(ok, got, misses, row["case"], "top")
 
 
-@pytest.mark.parametrize("row,misses", [p for p in ROWS if "measured" in p.values[0]])
-def test_measured_speedup_falls_inside_the_findings_interval(row, misses):
+def estimate_of(row):
+    """(estimate, interval) of the measured row's finding as the current rules give it; a rule that
+    stays silent estimates 1.0x and claims under QUIET."""
     f = next((x for x in rediagnose(row["case"])["findings"] if x["id"] == row["finding"]), None)
-    assert f is not None
+    if f is None:
+        return 1.0, (0.0, QUIET)
     lo, hi = f["expected_speedup_interval"]
     assert lo <= f["expected_speedup"] <= hi
-    check(lo <= row["measured"] <= hi, (f["expected_speedup"], [lo, hi], row["measured"], row["ratios"]),
+    return f["expected_speedup"], (lo, hi)
+
+
+@pytest.mark.parametrize("row,misses", [p for p in ROWS if "measured" in p.values[0]])
+def test_measured_speedup_falls_inside_the_findings_interval(row, misses):
+    est, (lo, hi) = estimate_of(row)
+    check(lo <= row["measured"] <= hi, (est, [lo, hi], row["measured"], row["ratios"]),
           misses, row["case"], "interval")
 
 
 @pytest.mark.parametrize("row,misses", [p for p in ROWS if "measured" in p.values[0]])
 def test_estimate_is_within_a_quarter_of_the_measured_speedup(row, misses):
-    f = next((x for x in rediagnose(row["case"])["findings"] if x["id"] == row["finding"]), None)
-    assert f is not None
-    check(0.8 <= f["expected_speedup"] / row["measured"] <= 1.25, (f["expected_speedup"], row["measured"]),
-          misses, row["case"], "estimate")
+    est, _ = estimate_of(row)
+    check(0.8 <= est / row["measured"] <= 1.25, (est, row["measured"]), misses, row["case"], "estimate")
 
 
 CURRENT = {"num_workers": "num_workers", "pin_memory": "pin_memory", "persistent_workers": "persistent_workers",

@@ -20,8 +20,10 @@ under the pessimistic k: too few workers cost speed, a few too many only memory.
 counted live (the most alive at once), not every PID seen: workers re-created every epoch come and
 go, which the process probe sees, and the fix then adds persistent_workers=True. A fix never
 restates the current setting (today's live workers, pin_memory when its thread is seen).
-The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range and, with GPU
-evidence, the GPU-idle share: an estimate, not a bound. When today's workers already fill the
+The expected speedup is 1 / T'(W) at the middle k, and the interval spans the k range, the loop
+slowdown beside workers, the loop's shrink after a pinning fix (A_PIN), py-spy's sampling error of f
+and, with GPU evidence, the GPU-idle share: an estimate, not a bound (constants fitted to the
+validation ledger, docs/models.md). When today's workers already fill the
 cores, settings cannot help; the finding then quotes what halving the per-sample CPU cost would give.
 """
 from __future__ import annotations
@@ -38,15 +40,26 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
 # Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
-BETA = (0.0, 0.5, 0.9)        # (none, middle, high)
+BETA = (0.0, 0.0, 0.9)        # (none, middle, high)
+# The loop's own time after a fix that turns pin_memory on in a CUDA job that copied from pageable
+# memory: C becomes A_PIN * C (docs/models.md: fitted to the GPU ledger's timm and Lightning rows,
+# where the loop after the fix ran faster than its own measured time C; in-sample).
+A_PIN = (0.6, 0.77, 1.0)      # (most shrink, middle, none)
+# Re-created workers cost the loop more than the time py-spy sees it starting and joining them (s):
+# after each fork the parent pays copy-on-write faults in its own code. Persistent workers return
+# CHURN_M * s (docs/models.md: fitted to the CPU ledger's workers-recreated row, two runs).
+CHURN_M = (1.0, 2.3, 3.0)
+SAMPLE_Z = 2.0                # sampling error of f in the interval: this many standard errors
 CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 
 
-def step_time(w: int, c: float, d: float, u: float, p: float, beta: float = 0.0) -> float:
-    """Step time with w workers; the loop's own time grows by beta * w / p as workers share its CPUs."""
+def step_time(w: int, c: float, d: float, u: float, p: float, beta: float = 0.0, a: float = 1.0) -> float:
+    """Step time with w workers; the loop's own time grows by beta * w / p as workers share its CPUs
+    and is scaled by a (the loop's own time after the fix over today's, e.g. A_PIN)."""
+    c = c * a
     c_w = c * (1.0 + beta * w / p) if p > 0 else c
     return max(c_w, d / max(w, 1), u / p if p > 0 else 0.0)
 
@@ -247,7 +260,22 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     w_cap = max_workers(p, rest)
     # d carries the middle hand-off factor where it was measured in the loop; scale it for the range.
     k_lo, k_mid, k_hi = (k / HANDOFF_K[1] for k in HANDOFF_K) if m["d_inloop"] else (1.0, 1.0, 1.0)
-    w_min, _ = propose_workers(c, d * k_hi, u, p, w_cap)
+    pinned_now = any("pin_memory" in (t.get("name") or "") or any("_pin_memory_loop" in fr for top in t.get("top") or []
+                                                                   for fr in top.get("stack", []))
+                     for t in (spy.get("other_threads") or []))
+    if not w_now and not pinned_now:
+        # With num_workers=0 no pin-memory thread runs to show the setting; transformers' Trainer
+        # pins by default (dataloader_pin_memory=True), so a Trainer loop is not told to pin again.
+        pinned_now = any("Trainer._inner_training_loop" in fr for v in top_tt.values() for x in v
+                         for fr in x.get("stack", []))
+    # A CUDA job that copies from pageable memory gets pin_memory=True with the fix: its loop sheds
+    # part of its own time too (A_PIN, fitted to the GPU ledger).
+    pin_fix = bool(m["uses_cuda"] and not pinned_now and not m["d_inloop"])
+    a_lo, a_mid, a_hi = A_PIN if pin_fix else (1.0, 1.0, 1.0)
+    # f is a share of py-spy samples: C carries its sampling error (SAMPLE_Z standard errors).
+    n_samples = max(1.0, float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0))
+    c_err = SAMPLE_Z * math.sqrt(max(f * (1.0 - f), 0.0) / n_samples)
+    w_min, _ = propose_workers(c * a_mid, d * k_hi, u, p, w_cap)
     w_best = min(w_cap, max(w_min, int(math.ceil(w_min * HEADROOM - 1e-9))))
     t_best = step_time(w_best, c, d, u, p)
     cpu_note = (f"P={p:g} CPUs, L={rest:.1f} for the loop, so W<={w_cap}" if m["known_p"]
@@ -258,9 +286,6 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                           workers_spy.get("busy_fraction")))
     if m["pids_seen"] > w_now:
         facts.append(Fact("process", f"worker PIDs seen over the window ({w_now} alive at once)", m["pids_seen"]))
-    pinned_now = any("pin_memory" in (t.get("name") or "") or any("_pin_memory_loop" in fr for top in t.get("top") or []
-                                                                   for fr in top.get("stack", []))
-                     for t in (spy.get("other_threads") or []))
     more = w_best > w_now
     settings_help = more or recreated or (bursty and w_now)
     fixes: list[Fix] = []
@@ -272,10 +297,10 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
         w_eval = w_prop
         # Today's step already carries today's workers' share of the CPUs: charge only the change.
         t_now = step_time(w_now, c, d, u, p, BETA[1]) / step_time(w_now, c, d, u, p) if w_now else 1.0
-        t_mid = step_time(w_eval, c, d, u, p, BETA[1]) / t_now
+        t_mid = step_time(w_eval, c, d, u, p, BETA[1], a_mid) / t_now
         speedup = 1.0 / t_mid
-        interval = (t_now / step_time(w_eval, c, d * k_hi, u, p, BETA[2]),
-                    1.0 / step_time(w_eval, c, d * k_lo, u, p, BETA[0]))
+        interval = (t_now / step_time(w_eval, c + c_err, d * k_hi, u, p, BETA[2], a_hi),
+                    1.0 / step_time(w_eval, max(c - c_err, 0.02), d * k_lo, u, p, BETA[0], a_lo))
         if bursty and not more and not recreated:
             # Deeper prefetch removes only the bursty part of the wait, which the samples do not
             # separate from the workers' pace: half the gain, with the interval from none to all.
@@ -290,12 +315,15 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                              if any("_shutdown_workers" in fr for fr in x["stack"])), f - s_start)
             churn = s_start + s_stop
             if churn > 0:
-                speedup = 1.0 / (1.0 - churn)
-                interval = (1.0 / (1.0 - 0.5 * churn), 1.0 / (1.0 - churn - 0.5 * (f - churn)))
+                def _g(mult: float) -> float:
+                    return 1.0 / (1.0 - min(mult * churn, 0.9))
+                speedup = _g(CHURN_M[1])
+                interval = (_g(CHURN_M[0] * 0.5), _g(CHURN_M[2]))
                 facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(churn, 3)))
                 churn_bound = (f"workers re-created each epoch: the loop spends s={churn:.2f} starting and joining them "
-                               f"(py-spy); persistent workers remove it: 1/(1-s)={speedup:.2f}x, between half of s "
-                               f"and s plus half the rest of the data wait (f={f:.2f}); an estimate")
+                               f"(py-spy) and about {CHURN_M[1] - 1:g}x that again in copy-on-write faults after each "
+                               f"fork (fitted to the ledger); persistent workers remove it: 1/(1-{CHURN_M[1]:g}s)="
+                               f"{speedup:.2f}x ({CHURN_M[0] * 0.5:g}s to {CHURN_M[2]:g}s); an estimate")
         if more:
             kwargs["num_workers"] = w_prop
         if m["uses_cuda"] and not pinned_now:
@@ -323,7 +351,10 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
                  f"P={p:g} (today's step = 1); loop slowdown b={BETA[1]:g} ({BETA[0]:g}-{BETA[2]:g}); "
                  f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
                  f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
-                 f"{HEADROOM:g}x headroom over the fewest workers that reach the best step; an estimate")
+                 f"{HEADROOM:g}x headroom over the fewest workers that reach the best step"
+                 + (f"; pin_memory=True also shortens the loop's own time: C x {A_PIN[1]:g} ({A_PIN[0]:g}-{A_PIN[2]:g})"
+                    if pin_fix else "")
+                 + f"; C +/- {c_err:.2f} (py-spy sampling error); an estimate")
         bound = churn_bound or bound
     else:
         # The CPUs are the limit: more workers would only queue for the same cores.
@@ -341,17 +372,18 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     ceiling = _gpu_ceiling(ev)
     if ceiling is not None:
         # The GPU's side: data-wait time during which the GPU idled. Not a bound (the ledger measured
-        # gains past it: a loop freed from loading also launches its kernels sooner), so it pulls the
-        # estimate down to the geometric mean and widens the interval's low end.
+        # gains past it: a loop freed from loading also launches its kernels sooner).
         x_gpu, gpu_speedup = ceiling
         if gpu_speedup < GPU_WORTH:
             return None       # the GPU stays busy while the loop waits: the wait hides behind GPU work
         if gpu_speedup < speedup:
-            speedup = math.sqrt(speedup * gpu_speedup)
+            # The GPU ledger measured past this figure on every starved row where it was lower than
+            # the CPU model (timm 6.20x against 4.4x, Lightning 3.17x against 2.2x): it only widens
+            # the interval's low end.
             lo, hi = interval or (1.0, speedup)
             interval = (min(lo, gpu_speedup), hi)
             bound += (f"; the GPU idled {x_gpu:.2f} of the time while the loop fetched data (1/(1-x)="
-                      f"{gpu_speedup:.2f}x): estimate is the geometric mean of the two")
+                      f"{gpu_speedup:.2f}x): the interval's low end reaches it")
     if interval is not None:
         # The shares the model starts from are sampled (py-spy) and windowed (/proc): never narrower
         # than MIN_BAND around the estimate; wider when short-lived workers hid their CPU time.
