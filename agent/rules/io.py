@@ -18,9 +18,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 SMALL_READ_BYTES = 64 * 1024     # a read returning less than this from a file is "small"
 OPENS_PER_S = 100.0              # per data-producing process
