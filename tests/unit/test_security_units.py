@@ -383,7 +383,7 @@ def test_pyspy_refused_during_capture_is_exit_4(workload, tmp_path):
     w = workload("--seconds", "60", "--num-workers", "0")
     code = textwrap.dedent(f"""
         import sys
-        import trainprobe.probes.pyspy as probes as p
+        import trainprobe.probes.pyspy as p
         p.pyspy_binary = lambda: {str(fake)!r}
         from trainprobe.agent.cli import run
         run(["diagnose", "--pid", "{w.pid}", "--duration", "1", "--probes", "pyspy,process", "--json"])
