@@ -7,7 +7,7 @@ def entry() -> None:
     already the contract's 130, not a traceback."""
     import sys
     try:
-        from agent.cli import run
+        from trainprobe.agent.cli import run
     except KeyboardInterrupt:
         print("\ntrainprobe: interrupted", file=sys.stderr)
         sys.exit(130)

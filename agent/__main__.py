@@ -1,3 +1,3 @@
-from agent import entry
+from trainprobe.agent import entry
 
 entry()

@@ -23,9 +23,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import __version__
-from probes import redact
-from probes.base import Capture
+from trainprobe.agent import __version__
+from trainprobe.probes import redact
+from trainprobe.probes.base import Capture
 
 SCHEMA = "trainprobe.bundle/1"
 INDEX = "bundle.json"
@@ -105,7 +105,7 @@ def save(path: str, captures: list[Capture], context: dict[str, Any], report: di
 
     Every file is written through reports.output: atomic, mode 0600 (a bundle holds the target's
     stacks and command line), given back to the user behind sudo."""
-    from reports import output
+    from trainprobe.reports import output
 
     check_target(path)
     files = _files(captures, context, report)

@@ -12,15 +12,15 @@ from typing import TextIO
 
 import click
 
-from agent import __version__
+from trainprobe.agent import __version__
 
 COMMANDS = (
-    ("agent.commands.diagnose", "diagnose"),
-    ("agent.commands.demo", "demo"),
-    ("agent.commands.preflight", "preflight"),
-    ("agent.commands.flamegraph", "flamegraph"),
-    ("agent.commands.report", "report"),
-    ("agent.commands.watch", "watch"),
+    ("trainprobe.agent.commands.diagnose", "diagnose"),
+    ("trainprobe.agent.commands.demo", "demo"),
+    ("trainprobe.agent.commands.preflight", "preflight"),
+    ("trainprobe.agent.commands.flamegraph", "flamegraph"),
+    ("trainprobe.agent.commands.report", "report"),
+    ("trainprobe.agent.commands.watch", "watch"),
 )
 
 
@@ -44,13 +44,13 @@ class App:
 
 def _safe(msg: str) -> str:
     """A message may quote the target (its command line, a frame): redacted and escaped."""
-    from probes import redact
-    from reports.output import terminal_safe
+    from trainprobe.probes import redact
+    from trainprobe.reports.output import terminal_safe
     return terminal_safe(redact.text(str(msg)))
 
 
 def _set_redact(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    from probes import redact
+    from trainprobe.probes import redact
     try:
         redact.configure(value)
     except redact.RedactPatternError as exc:

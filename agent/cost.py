@@ -13,8 +13,8 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes import procfs
-from probes.base import JobShape, Probe, ProbeCost, WatchSpec
+from trainprobe.probes import procfs
+from trainprobe.probes.base import JobShape, Probe, ProbeCost, WatchSpec
 
 BUDGET_SHARE = 0.01            # of the job's CPU capacity over the window
 FLOOR_CPU_S_PER_S = 0.03       # 0.3 CPU-s per 10 s window, whatever the machine

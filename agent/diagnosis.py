@@ -10,14 +10,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from agent import evidence as evidence_mod
-from agent import report as report_mod
-from agent.evidence import Evidence
-from agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
-from agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
-from probes import procfs
-from probes.base import Capture, WatchSpec
-from probes.target import is_alive, launcher_of
+from trainprobe.agent import evidence as evidence_mod
+from trainprobe.agent import report as report_mod
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
+from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Capture, WatchSpec
+from trainprobe.probes.target import is_alive, launcher_of
 
 MIN_EVIDENCE_S = 1.0        # a target that lived less than this in the window gives exit code 3
 
@@ -52,7 +52,7 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
 
 
 def run_overhead(result: SessionResult, plan: Any) -> dict[str, Any]:
-    from agent.session import measured_overhead
+    from trainprobe.agent.session import measured_overhead
     return measured_overhead(result.recorders, result.thread_cpu, plan, result.tree_rss_peak_mb)
 
 
@@ -98,8 +98,8 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
     """`rate_hz` None: py-spy's rate is planned within the agent's CPU budget (agent/cost.py), up to
     DEFAULT_RATE_HZ. An explicit rate, or `budget=False`, keeps the settings as given (one sampler
     over the whole tree at that rate) and the plan only states their expected cost."""
-    from agent import cost as cost_mod
-    from probes.pyspy import DEFAULT_RATE_HZ
+    from trainprobe.agent import cost as cost_mod
+    from trainprobe.probes.pyspy import DEFAULT_RATE_HZ
     enforce = (rate_hz is None) if budget is None else budget
     rate_hz = rate_hz or DEFAULT_RATE_HZ
     resolved: Resolved = resolve(pid, root)

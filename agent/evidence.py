@@ -10,8 +10,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.base import Capture
-from probes.registry import probe_class
+from trainprobe.probes.base import Capture
+from trainprobe.probes.registry import probe_class
 
 
 @dataclass

@@ -15,10 +15,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from probes import pystacks
-from probes.base import Capture
-from probes.pyspy import split_traces
-from reports import folded, speedscope
+from trainprobe.probes import pystacks
+from trainprobe.probes.base import Capture
+from trainprobe.probes.pyspy import split_traces
+from trainprobe.reports import folded, speedscope
 
 MAX_PROFILE_CHARS = 512 << 20   # a saved profile larger than this (decompressed) is refused
 UNIT = "us"       # trainprobe's folded counts: integer microseconds of wall-clock time
@@ -99,7 +99,7 @@ def _read_text(path: str) -> str:
 def load_profile(path: str, threads: bool = False, subprocesses: bool = False) -> tuple[dict[str, int], str]:
     """`_load_profile`, with credentials in frame and process names redacted (probes.redact): a
     saved profile may come from an older trainprobe or from a tool that never redacted."""
-    from probes import redact
+    from trainprobe.probes import redact
 
     prof, desc = _load_profile(path, threads, subprocesses)
     out: dict[str, int] = {}
@@ -116,7 +116,7 @@ def _load_profile(path: str, threads: bool = False, subprocesses: bool = False) 
     a two-count line is read as its second count), speedscope JSON (all its profiles merged), a
     py-spy chrometrace (.json or .json.gz) or a saved py-spy Capture (Capture.to_dict()).
     """
-    from agent import bundle
+    from trainprobe.agent import bundle
 
     if not os.path.exists(path):
         raise ProfileError(f"no such file or directory: {path}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.findings import Finding
+from trainprobe.agent.findings import Finding
 
 CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
 CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.8, "low": 0.6}

@@ -7,11 +7,11 @@ import platform
 import socket
 from typing import Any
 
-from agent import __version__
-from agent.evidence import Evidence
-from agent.findings import Finding
-from agent.ranking import headline, rank
-from agent.rules import RuleRun, run_rules
+from trainprobe.agent import __version__
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Finding
+from trainprobe.agent.ranking import headline, rank
+from trainprobe.agent.rules import RuleRun, run_rules
 
 SCHEMA = "trainprobe.report/1"
 
@@ -62,7 +62,7 @@ def gpu_facts(ev: Evidence) -> dict[str, Any] | None:
     gpu = ev.get("gpu")
     if not gpu:
         return None
-    from agent.analysis import gpu_idle
+    from trainprobe.agent.analysis import gpu_idle
     return {
         "target_gpus": gpu.get("target_gpus"), "sample_period_s": gpu.get("sample_period_s"),
         "busy_fraction": gpu.get("busy_fraction"), "idle_fraction": gpu.get("idle_fraction"),

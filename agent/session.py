@@ -14,9 +14,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import ProbeError
-from probes.registry import probe_classes
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import ProbeError
+from trainprobe.probes.registry import probe_classes
 
 Progress = Callable[[str], None]
 
@@ -43,7 +43,7 @@ def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, fl
                       plan: Any = None, tree_rss_peak_mb: float = 0.0) -> dict[str, Any]:
     """What the agent tree cost so far: this process since it started, and every child each probe
     started (its rusage when reaped, its own children included), per probe."""
-    from agent.cost import process_start_cpu_note, tree_usage
+    from trainprobe.agent.cost import process_start_cpu_note, tree_usage
     u = tree_usage()
     by_probe: dict[str, Any] = {}
     tracked_cpu = 0.0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agent import profiles
-from agent.evidence import Evidence
-from probes.base import Capture
-from probes.pystacks import TRAIN_CATEGORIES
+from trainprobe.agent import profiles
+from trainprobe.agent.evidence import Evidence
+from trainprobe.probes.base import Capture
+from trainprobe.probes.pystacks import TRAIN_CATEGORIES
 
 GPU_KEYS = ("gpus", "target_gpus", "sample_period_s", "busy_fraction", "idle_fraction", "idle_intervals",
             "utilization")
@@ -97,7 +97,7 @@ def write_html(path: str, report: dict[str, Any], ev: Evidence, captures: list[C
     """The HTML report of one diagnosis, written atomically (a reader never sees half a file)."""
     import io
 
-    from reports import html, output
+    from trainprobe.reports import html, output
 
     buf = io.StringIO()
     html.render(report, buf, build(ev, captures))

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from probes.watchsample import Discovery, GpuSampler, ThreadSample, Tree, rates, sample_trainer
+from trainprobe.probes.watchsample import Discovery, GpuSampler, ThreadSample, Tree, rates, sample_trainer
 
 TRIGGER = re.compile(r"^(gpu-busy|loop-wait|loop-cpu)([<>])([0-9.]+)$")
 
@@ -148,8 +148,8 @@ class Watcher:
 
     # -- diagnosis ----------------------------------------------------------------------------------
     def _diagnose(self, st: JobState) -> None:
-        from agent import bundle, diagnosis
-        from agent.target import UserError
+        from trainprobe.agent import bundle, diagnosis
+        from trainprobe.agent.target import UserError
         pid = st.tree.root
         metric, op, x = self.trigger
         self.progress(f"PID {pid}: {metric}{op}{x:g} held for {self.hold_s:g} s: running a {self.diagnose_s:g} s diagnosis")

@@ -18,7 +18,7 @@ class Workload:
 
     def __init__(self, *args: str):
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-        self.proc = subprocess.Popen([PY, "-m", "agent.workloads.train_cpu", "--seconds", "0",
+        self.proc = subprocess.Popen([PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "0",
                                       "--report-every", "0.5", *args],
                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.points: list[tuple[float, int]] = []
@@ -55,7 +55,7 @@ class Workload:
 
 
 def trainprobe(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "agent", *args], cwd=REPO, capture_output=capture, text=True,
+    return subprocess.run([PY, "-m", "trainprobe.agent", *args], cwd=REPO, capture_output=capture, text=True,
                           env=dict(os.environ, NO_COLOR="1"))
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from probes import procfs  # noqa: E402
+from trainprobe.probes import procfs  # noqa: E402
 
 
 def agent_env() -> dict[str, str]:
@@ -47,7 +47,7 @@ def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
     """One `trainprobe diagnose --json` subprocess: its report, its tree's CPU and peak RSS."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "diagnose", "--pid", str(pid), "--duration", str(window),
+    proc = subprocess.Popen([sys.executable, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(window),
                              "--json", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=agent_env())
     peak = [0.0]

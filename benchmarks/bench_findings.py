@@ -31,7 +31,7 @@ def rate_of(args: list[str], seconds: float, competitor: bool) -> float:
     """steps/s of one run of the job, from its progress lines after the first second."""
     busy = subprocess.Popen([PY, "-c", "while True: pass"]) if competitor else None
     try:
-        out = subprocess.run([PY, "-m", "agent.workloads.train_cpu", "--seconds", str(seconds + 1.0),
+        out = subprocess.run([PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", str(seconds + 1.0),
                               "--report-every", "0.5", *args], cwd=REPO, capture_output=True, text=True,
                              timeout=seconds + 120)
     finally:
@@ -50,8 +50,8 @@ def rate_of(args: list[str], seconds: float, competitor: bool) -> float:
 
 
 def diagnose(args: list[str], competitor: bool, duration: float) -> dict:
-    from agent import diagnosis
-    w = subprocess.Popen([PY, "-m", "agent.workloads.train_cpu", "--seconds", "600", *args], cwd=REPO,
+    from trainprobe.agent import diagnosis
+    w = subprocess.Popen([PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "600", *args], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
     busy = subprocess.Popen([PY, "-c", "while True: pass"]) if competitor else None

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.fleet.merge import merge  # noqa: E402
-from reports import job_text  # noqa: E402
+from trainprobe.agent.fleet.merge import merge  # noqa: E402
+from trainprobe.reports import job_text  # noqa: E402
 
 REPORT = Path(__file__).resolve().parent.parent / "tests" / "data" / "h200x2" / "starved-rank1-launcher.json"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.session import run_session  # noqa: E402
-from probes.base import WatchSpec  # noqa: E402
-from probes.perfstat import PerfStatProbe  # noqa: E402
+from trainprobe.agent.session import run_session  # noqa: E402
+from trainprobe.probes.base import WatchSpec  # noqa: E402
+from trainprobe.probes.perfstat import PerfStatProbe  # noqa: E402
 from _common import Workload  # noqa: E402
 
 

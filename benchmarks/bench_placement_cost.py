@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from probes.base import Capture, Recorder, WatchSpec  # noqa: E402
-from probes.placement import PlacementProbe  # noqa: E402
-from probes.topology import TopologyProbe  # noqa: E402
+from trainprobe.probes.base import Capture, Recorder, WatchSpec  # noqa: E402
+from trainprobe.probes.placement import PlacementProbe  # noqa: E402
+from trainprobe.probes.topology import TopologyProbe  # noqa: E402
 from _common import Workload  # noqa: E402
 
 PY = sys.executable

@@ -102,11 +102,11 @@ def run_agent(config: str, pid: int, seconds: float) -> dict:
 
 def agent_main(config: str, pid: int, seconds: float) -> int:
     """Inside the agent process: run the probe(s), print what they cost this process."""
-    from probes.base import Capture, Recorder, WatchSpec
-    from probes.registry import probe_class
+    from trainprobe.probes.base import Capture, Recorder, WatchSpec
+    from trainprobe.probes.registry import probe_class
     bcc_import_s = None
     if config in ("sched", "syscalls", "all"):
-        from probes import bcc_support
+        from trainprobe.probes import bcc_support
         t_b = time.monotonic()
         bcc_support.import_bcc()
         bcc_import_s = time.monotonic() - t_b
@@ -119,7 +119,7 @@ def agent_main(config: str, pid: int, seconds: float) -> int:
         time.sleep(seconds)
         interval = [t0, time.time()]
     elif config == "all":
-        from agent.session import run_session, select_probes
+        from trainprobe.agent.session import run_session, select_probes
         res = run_session(spec, select_probes(), progress=lambda m: None)
         caps = {c.probe: c for c in res.captures}
         starts = [c.meta.get("attach_unix") for c in caps.values() if c.meta.get("attach_unix")]
@@ -229,7 +229,7 @@ def main() -> int:
     configs = [c for c in a.configs.split(",") if c]
     if "none" not in configs:
         configs.insert(0, "none")
-    loader = [sys.executable, "-m", "agent.workloads.train_cpu", "--seconds", "0", "--num-workers", "2",
+    loader = [sys.executable, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "0", "--num-workers", "2",
               "--sample-work", "2200", "--report-every", "0.25"]
     syscall = [sys.executable, "-c", SYSCALL_LOOP]
     out = {

@@ -19,7 +19,7 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from probes import procfs  # noqa: E402
+from trainprobe.probes import procfs  # noqa: E402
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reports import flamegraph, folded, html, speedscope  # noqa: E402
+from trainprobe.reports import flamegraph, folded, html, speedscope  # noqa: E402
 
 
 def synthetic_profile(n_stacks: int, n_samples: int, seed: int = 7) -> dict[str, int]:
@@ -136,7 +136,7 @@ def main() -> None:
 def browser_times(results) -> None:
     import tempfile
 
-    from tests.browser import Chromium
+    from scripts.browser import Chromium
 
     outputs = {name: out for name, _s, _c, out in results}
     with tempfile.TemporaryDirectory() as d, Chromium(width=1240, height=900) as b:

@@ -1,5 +1,5 @@
 """Time from `trainprobe diagnose --slurm-job JOB --duration 10` to the merged job report, on a real
-two-node Slurm (munged, slurmctld, two slurmd on this host; see tests/slurm_cluster.py) running a
+two-node Slurm (munged, slurmctld, two slurmd on this host; see scripts/slurm_cluster.py) running a
 2-node torchrun/gloo job with one starved rank. Needs root and Debian's slurm-wlm and munge.
 
 Interleaved with each run, a plain `diagnose --pid RANK --duration 10` on one rank of the same
@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.slurm_cluster import SlurmCluster  # noqa: E402
-from tests.test_slurm_job import JOB  # noqa: E402
+from scripts.slurm_cluster import JOB, SlurmCluster  # noqa: E402
 
 from _common import PY, REPO  # noqa: E402
 
@@ -47,19 +46,19 @@ def main() -> int:
         while not (out.exists() and "rank=1" in out.read_text() and "rank=0" in out.read_text()):
             time.sleep(1)
         # The ranks (torchrun starts each as `python -u -m MODULE`), not the launchers or the shell.
-        rank = subprocess.run(["pgrep", "-f", "--", f"^{PY} -u -m agent.workloads.train_cpu"], capture_output=True,
+        rank = subprocess.run(["pgrep", "-f", "--", f"^{PY} -u -m trainprobe.agent.workloads.train_cpu"], capture_output=True,
                               text=True).stdout.split()
         assert rank, "no rank process found"
         fan, single, merged = [], [], None
         for i in range(a.runs):
             t = time.monotonic()
-            r = subprocess.run([PY, "-m", "agent", "-q", "diagnose", "--slurm-job", jid, "--duration", str(a.duration),
+            r = subprocess.run([PY, "-m", "trainprobe.agent", "-q", "diagnose", "--slurm-job", jid, "--duration", str(a.duration),
                                 "--json"], cwd=REPO, env=c.env, capture_output=True, text=True)
             fan.append(time.monotonic() - t)
             assert r.returncode == 0, r.stderr
             merged = json.loads(r.stdout)
             t = time.monotonic()
-            r1 = subprocess.run([PY, "-m", "agent", "-q", "diagnose", "--pid", rank[0], "--duration", str(a.duration),
+            r1 = subprocess.run([PY, "-m", "trainprobe.agent", "-q", "diagnose", "--pid", rank[0], "--duration", str(a.duration),
                                  "--json"], cwd=REPO, capture_output=True, text=True)
             single.append(time.monotonic() - t)
             assert r1.returncode == 0, r1.stderr

@@ -59,7 +59,7 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tmp = tempfile.mkdtemp(prefix="trainprobe-watch-bench-")
-    argv = [PY, "-m", "agent", "-q", "watch", "--listen", f"127.0.0.1:{port}", "--interval", str(a.interval),
+    argv = [PY, "-m", "trainprobe.agent", "-q", "watch", "--listen", f"127.0.0.1:{port}", "--interval", str(a.interval),
             "--textfile", os.path.join(tmp, "watch.prom"), "--no-diagnose"]
     if not a.all:
         argv += ["--pid", str(w.pid)]

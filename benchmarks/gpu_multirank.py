@@ -61,7 +61,7 @@ def children_with_rank(pid: int) -> dict[int, int]:
 
 def diagnose(pid: int, duration: float, extra: list[str]) -> tuple[dict | None, str, float, float]:
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "agent", "diagnose", "--pid", str(pid), "--duration", str(duration),
+    p = subprocess.run([sys.executable, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(duration),
                         "--json", *extra], cwd=REPO, capture_output=True, text=True, timeout=duration + 120, env=ENV)
     t1 = time.time()
     try:

@@ -26,14 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.evidence import Evidence  # noqa: E402
-from agent.rules import run_rules  # noqa: E402
-from agent.rules.numa import gpu_table  # noqa: E402
-from agent.rules.pcie import link_state  # noqa: E402
-from probes import procfs  # noqa: E402
-from probes.errors import Unavailable  # noqa: E402
-from probes.nvml import Nvml, is_na  # noqa: E402
-from probes.topology import parse_link_speed, pcie_gen, read_topology  # noqa: E402
+from trainprobe.agent.evidence import Evidence  # noqa: E402
+from trainprobe.agent.rules import run_rules  # noqa: E402
+from trainprobe.agent.rules.numa import gpu_table  # noqa: E402
+from trainprobe.agent.rules.pcie import link_state  # noqa: E402
+from trainprobe.probes import procfs  # noqa: E402
+from trainprobe.probes.errors import Unavailable  # noqa: E402
+from trainprobe.probes.nvml import Nvml, is_na  # noqa: E402
+from trainprobe.probes.topology import parse_link_speed, pcie_gen, read_topology  # noqa: E402
 
 
 def _mask_to_cpus(words: list[int], bits: int = 64) -> list[int]:

@@ -7,7 +7,7 @@ Estimated at 4-5 minutes; no new mode starts after --budget (450 s).
 
 For each mode of benchmarks/gpu_workloads.py (starved, healthy, sync, pageable, then the fixes:
 fixed, pinned, graphed) it starts the workload, lets it warm up, measures its steps/s untouched,
-then runs `python -m agent diagnose --pid PID --duration D --json` against it while it trains
+then runs `python -m trainprobe.agent diagnose --pid PID --duration D --json` against it while it trains
 (measuring steps/s meanwhile: the agent's real cost), and stops it. It records each mode's top
 finding, the finding it should give and its predicted speedup, and computes the measured speedups
 starved -> fixed, pageable -> pinned and sync -> graphed from the untouched rates of one run.
@@ -196,7 +196,7 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             row["error"] = f"the workload exited during the clean measurement: {w.tail()}"
             return row
         d0 = time.time()
-        cmd = [sys.executable, "-m", "agent", "diagnose", "--pid", str(w.proc.pid), "--duration",
+        cmd = [sys.executable, "-m", "trainprobe.agent", "diagnose", "--pid", str(w.proc.pid), "--duration",
                str(args.duration), "--json"]
         if mode in [m.strip() for m in args.keep.split(",") if m.strip()]:
             (out / "kept").mkdir(exist_ok=True)
@@ -310,7 +310,7 @@ def markdown(rows: list[dict[str, Any]], prs: list[dict[str, Any]], facts: dict[
 def preflight(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     facts: dict[str, Any] = {"python": sys.version.split()[0]}
-    from probes.pyspy import pyspy_binary
+    from trainprobe.probes.pyspy import pyspy_binary
     spy = pyspy_binary()
     if spy is None:
         raise SystemExit("py-spy not found next to this Python or on PATH: `pip install py_spy-*.whl` first "
@@ -318,7 +318,7 @@ def preflight(args: argparse.Namespace) -> dict[str, Any]:
     facts["py_spy"] = spy
     if args.no_preflight:
         return facts
-    from probes.nvml import Nvml
+    from trainprobe.probes.nvml import Nvml
     try:
         with Nvml() as nv:
             n = nv.call("nvmlDeviceGetCount")

@@ -45,7 +45,7 @@ def one(mode: str, seconds: float, out: Path) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    w = subprocess.Popen([sys.executable, "-m", "agent", "watch", "--listen", f"127.0.0.1:{port}", "--interval", "2",
+    w = subprocess.Popen([sys.executable, "-m", "trainprobe.agent", "watch", "--listen", f"127.0.0.1:{port}", "--interval", "2",
                           "--trigger", "gpu-busy<0.5", "--for", "20", "--diagnose-seconds", "10",
                           "--bundle-dir", str(out / "bundles" / mode), "--pid", str(job.pid)],
                          cwd=REPO, stderr=open(out / f"watch-{mode}.log", "w"))

@@ -2,7 +2,7 @@
 """The validation ledger: apply the fix trainprobe printed, measure what it gives.
 
 For each workload variant of a machine kind it starts the job, runs
-`python -m agent diagnose --pid PID --duration D --json --save BUNDLE` on it, reads the top
+`python -m trainprobe.agent diagnose --pid PID --duration D --json --save BUNDLE` on it, reads the top
 finding and the machine-readable `knobs` of its fixes (the same settings its text prints), applies
 exactly those knobs to the job, and measures before/after throughput in interleaved repetitions
 (before, after, before, after, ...; median and spread of the per-repetition ratios): each job
@@ -72,7 +72,7 @@ CPU_FLAGS = {  # knob -> train_cpu flag (bools are flags)
 
 
 def cpu_argv(knobs: dict[str, Any]) -> list[str]:
-    argv = [PY, "-m", "agent.workloads.train_cpu", "--seconds", "0", "--report-every", "0.5"]
+    argv = [PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "0", "--report-every", "0.5"]
     for k, v in knobs.items():
         if k.startswith("_") or v is None or v is False:
             continue
@@ -279,7 +279,7 @@ def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> tuple[
         job.wait_ready()
         (out / "bundles").mkdir(parents=True, exist_ok=True)
         bundle = out / "bundles" / f"{case.name}.tar.gz"
-        r = subprocess.run([PY, "-m", "agent", "diagnose", "--pid", str(job.proc.pid), "--duration", str(duration),
+        r = subprocess.run([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(job.proc.pid), "--duration", str(duration),
                             "--json", "--save", str(bundle), *case.diagnose_args, *extra], cwd=REPO, capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 180)
         if r.returncode != 0:
@@ -470,7 +470,7 @@ MISS_WHY = {
 
 def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any]:
     """Copy a ledger and its bundles to tests/data/ledger/, listing under `misses` each row the
-    current rules do not meet (re-diagnosed offline), with the reason, for tests/test_ledger.py."""
+    current rules do not meet (re-diagnosed offline), with the reason, for tests/replay/test_ledger.py."""
     kind = led["meta"]["kind"]
     dst = REPO / "tests" / "data" / "ledger"
     (dst / "bundles").mkdir(parents=True, exist_ok=True)
@@ -480,7 +480,7 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
         if r.get("error") or not b.exists():
             continue
         shutil.copy(b, dst / "bundles" / b.name)
-        out = subprocess.run([PY, "-m", "agent", "report", str(b), "--json"], cwd=REPO, capture_output=True, text=True,
+        out = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(b), "--json"], cwd=REPO, capture_output=True, text=True,
                              env=dict(os.environ, PYTHONPATH=str(REPO)))
         fs = json.loads(out.stdout)["findings"]
         # The figures shown are the current rules' on the evidence saved during the run (what the

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from probes import redact
-from probes.errors import ProbeError, TimedOut, parser, translate_oserror
+from trainprobe.probes import redact
+from trainprobe.probes.errors import ProbeError, TimedOut, parser, translate_oserror
 
 STATUSES = ("ok", "skipped", "failed", "timeout")
 

@@ -25,8 +25,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from probes import procfs
-from probes.errors import PermissionDenied, ProbeError, Unavailable
+from trainprobe.probes import procfs
+from trainprobe.probes.errors import PermissionDenied, ProbeError, Unavailable
 
 DISABLE_ENV = "TRAINPROBE_NO_EBPF"          # set to 1: the eBPF probes skip and say so
 BCC_PATH_ENV = "TRAINPROBE_BCC_PATH"        # a directory that holds the `bcc` package

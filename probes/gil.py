@@ -24,11 +24,11 @@ import platform
 import time
 from typing import Any
 
-from probes import procfs
-from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
-from probes.errors import PermissionDenied, TargetGone, Unavailable
-from probes.pyspy import pyspy_availability, pyspy_binary
-from probes.syscalls import SYSCALLS
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.errors import PermissionDenied, TargetGone, Unavailable
+from trainprobe.probes.pyspy import pyspy_availability, pyspy_binary
+from trainprobe.probes.syscalls import SYSCALLS
 
 DEFAULT_RATE_HZ = 10.0
 KEEP_FRAMES = 12                 # innermost frames kept per thread and sample

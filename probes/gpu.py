@@ -29,11 +29,11 @@ import statistics
 import time
 from typing import Any
 
-from probes import procfs
-from probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
-from probes.errors import Unavailable, parser
-from probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
-from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.errors import Unavailable, parser
+from trainprobe.probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
+from trainprobe.probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 
 FORMAT = "trainprobe.nvml/1"
 POLL_S = 1.0                   # power, temperature, PCIe throughput, memory used, clock reasons

@@ -1,4 +1,4 @@
-"""Active GPU measurements with torch, run in a child process: `python -m probes.gpubench --json`.
+"""Active GPU measurements with torch, run in a child process: `python -m trainprobe.probes.gpubench --json`.
 
 Per GPU: a 1024x1024 fp32 matmul (TF32 off) compared with a float64 CPU reference (relative
 error, NaN/Inf), the achieved bf16 GEMM rate on 8192x8192 matrices, and pinned host-to-device and
@@ -150,10 +150,10 @@ def run_child(gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192, gemm
     """Run the measurements in a child process and kill it if it overruns `timeout_s`."""
     import subprocess  # noqa: PLC0415
 
-    from probes.base import _set_parent_death_signal  # noqa: PLC0415
-    from probes.errors import ProbeError, TimedOut  # noqa: PLC0415
+    from trainprobe.probes.base import _set_parent_death_signal  # noqa: PLC0415
+    from trainprobe.probes.errors import ProbeError, TimedOut  # noqa: PLC0415
 
-    argv = [sys.executable, "-m", "probes.gpubench", "--device", device, "--gemm-n", str(gemm_n),
+    argv = [sys.executable, "-m", "trainprobe.probes.gpubench", "--device", device, "--gemm-n", str(gemm_n),
             "--gemm-seconds", str(gemm_seconds), "--copy-mib", str(copy_mib), "--copy-reps", str(copy_reps)]
     if gpus is not None:
         argv += ["--gpus", ",".join(map(str, gpus))]
@@ -180,7 +180,7 @@ def run_child(gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probes.gpubench")
+    ap = argparse.ArgumentParser(prog="python -m trainprobe.probes.gpubench")
     ap.add_argument("--gpus", default=None, help="CUDA device indices (PCI bus order), comma-separated")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--gemm-n", type=int, default=8192)

@@ -19,9 +19,9 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from probes.errors import Unavailable
-from probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
-from probes.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
+from trainprobe.probes.errors import Unavailable
+from trainprobe.probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from trainprobe.probes.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
 
 SCHEMA = "trainprobe.gpuhealth/1"
 

@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any
 
-from probes import procfs
-from probes.hw import PCI_VENDOR_NVIDIA
-from probes.errors import PermissionDenied, Unavailable, parser, translate_oserror
+from trainprobe.probes import procfs
+from trainprobe.probes.hw import PCI_VENDOR_NVIDIA
+from trainprobe.probes.errors import PermissionDenied, Unavailable, parser, translate_oserror
 
 NVIDIA_VENDOR = f"{PCI_VENDOR_NVIDIA:#06x}"     # as sysfs prints it: "0x10de"
 # PCI base class 0x03 (display controller): 0x0300 VGA, 0x0302 3D controller. NVSwitches (0x0680)

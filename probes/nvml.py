@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from probes.errors import Unavailable
+from trainprobe.probes.errors import Unavailable
 
 
 @dataclass(frozen=True)

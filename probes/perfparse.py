@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from probes.errors import parser
+from trainprobe.probes.errors import parser
 
 NOT_SUPPORTED = "not supported"
 NOT_COUNTED = "not counted"

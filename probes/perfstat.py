@@ -32,10 +32,10 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from probes import perfparse as pp
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
+from trainprobe.probes import perfparse as pp
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
 
 EVENTS = pp.HARDWARE_EVENTS + pp.SOFTWARE_EVENTS
 SEP = ";"                       # never in an event name; ',' is (cpu/event=0x3c,umask=0x0/)

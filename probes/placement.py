@@ -26,9 +26,9 @@ import re
 import time
 from typing import Any
 
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
-from probes.errors import TargetGone, parser
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from trainprobe.probes.errors import TargetGone, parser
 
 NODE_DIR = "sys/devices/system/node"
 SAMPLES = 8                    # thread samples over the window (at least start and end)

@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any, Optional, TypedDict
 
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import ProbeError
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import ProbeError
 
 RESOURCES = ("cpu", "io", "memory")
 

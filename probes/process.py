@@ -19,9 +19,9 @@ from typing import Any
 
 import psutil
 
-from probes import procfs, redact
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
-from probes.errors import ProbeError, TargetGone
+from trainprobe.probes import procfs, redact
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
 LIB_MARKERS = ("libtorch", "libcuda.so", "libcudart", "libnccl", "libpython", "libgomp", "libiomp")

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import psutil
 
-from probes import redact
-from probes.errors import ProbeError, parser, translate_oserror, translate_psutil_error
+from trainprobe.probes import redact
+from trainprobe.probes.errors import ProbeError, parser, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

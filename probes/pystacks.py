@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from probes.errors import parser
+from trainprobe.probes.errors import parser
 
 TRAIN_CATEGORIES = ("data_wait", "data_load", "h2d_copy", "host_sync", "forward", "backward",
                     "optimizer", "other")

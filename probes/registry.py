@@ -4,20 +4,20 @@ from __future__ import annotations
 import importlib
 from typing import Type
 
-from probes.base import Probe
+from trainprobe.probes.base import Probe
 
 # (module, class) in the order the manifest shows them.
 PROBES: tuple[tuple[str, str], ...] = (
-    ("probes.process", "ProcessProbe"),
-    ("probes.pyspy", "PySpyProbe"),
-    ("probes.gpu", "GpuProbe"),
-    ("probes.perfstat", "PerfStatProbe"),
-    ("probes.topology", "TopologyProbe"),
-    ("probes.placement", "PlacementProbe"),
-    ("probes.pressure", "PressureProbe"),
-    ("probes.sched", "SchedProbe"),
-    ("probes.syscalls", "SyscallsProbe"),
-    ("probes.gil", "GilProbe"),
+    ("trainprobe.probes.process", "ProcessProbe"),
+    ("trainprobe.probes.pyspy", "PySpyProbe"),
+    ("trainprobe.probes.gpu", "GpuProbe"),
+    ("trainprobe.probes.perfstat", "PerfStatProbe"),
+    ("trainprobe.probes.topology", "TopologyProbe"),
+    ("trainprobe.probes.placement", "PlacementProbe"),
+    ("trainprobe.probes.pressure", "PressureProbe"),
+    ("trainprobe.probes.sched", "SchedProbe"),
+    ("trainprobe.probes.syscalls", "SyscallsProbe"),
+    ("trainprobe.probes.gil", "GilProbe"),
 )
 
 

@@ -24,10 +24,10 @@ import os
 import time
 from typing import Any
 
-from probes import bcc_support as bs
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import Unavailable
+from trainprobe.probes import bcc_support as bs
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import Unavailable
 
 TRACEPOINTS = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
 REFRESH_S = 0.25

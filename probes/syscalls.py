@@ -25,11 +25,11 @@ import subprocess
 import time
 from typing import Any
 
-from probes import bcc_support as bs
-from probes import procfs
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import Unavailable
-from probes.sched import ProcessTree, read_formats, slot_bounds, _say_mount
+from trainprobe.probes import bcc_support as bs
+from trainprobe.probes import procfs
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import Unavailable
+from trainprobe.probes.sched import ProcessTree, read_formats, slot_bounds, _say_mount
 
 TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "sched:sched_process_fork")
 DEFAULT_MAX_S = 5.0

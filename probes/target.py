@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from probes import procfs
-from probes.errors import BadInput, PermissionDenied, ProbeError, TargetGone
+from trainprobe.probes import procfs
+from trainprobe.probes.errors import BadInput, PermissionDenied, ProbeError, TargetGone
 
 
 @dataclass

@@ -22,11 +22,11 @@ import re
 import time
 from typing import Any
 
-from probes import procfs
-from probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
+from trainprobe.probes import procfs
+from trainprobe.probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
                        parse_link_width, pcie_gen)
-from probes.base import Availability, Capture, Probe, Recorder, WatchSpec
-from probes.errors import parser
+from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.errors import parser
 
 NODE_DIR = "sys/devices/system/node"
 PCI_DIR = "sys/bus/pci/devices"

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes import procfs
+from trainprobe.probes import procfs
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "SLURM_JOB_ID")
 
@@ -169,8 +169,8 @@ class GpuSampler:
     def __init__(self) -> None:
         self.nvml: Any = None
         self.error: str | None = None
-        from probes.errors import ProbeError
-        from probes.nvml import Nvml
+        from trainprobe.probes.errors import ProbeError
+        from trainprobe.probes.nvml import Nvml
         try:
             n = Nvml()
             n.open()
@@ -181,7 +181,7 @@ class GpuSampler:
     def sample(self) -> dict[int, dict[str, Any]]:
         if self.nvml is None:
             return {}
-        from probes.nvml import is_na
+        from trainprobe.probes.nvml import is_na
         out: dict[int, dict[str, Any]] = {}
         count = self.nvml.call("nvmlDeviceGetCount")
         if is_na(count):

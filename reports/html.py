@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Mapping, Sequence, TextIO
 
-from reports import flamegraph
+from trainprobe.reports import flamegraph
 
 CATEGORY_COLOURS = {
     "data_wait": "#d62728", "data_load": "#ff7f0e", "h2d_copy": "#9467bd", "host_sync": "#8c564b",
@@ -388,7 +388,7 @@ def _manifest(report: Mapping[str, Any]) -> list[str]:
             bits.append(f"estimated target slowdown {100 * float(oh['target_slowdown_estimate']):.1f}%")
         out.append(f'<p class="muted">Overhead: {esc(", ".join(bits))}'
                    + (f" ({esc(oh.get('estimate_basis'))})" if oh.get("estimate_basis") else "") + "</p>")
-    from reports.text import sampling_line
+    from trainprobe.reports.text import sampling_line
     line = sampling_line(report.get("sampling") or {})
     if line:
         out.append(f'<p class="muted">{esc(line)}</p>')

@@ -74,5 +74,5 @@ def render(rep: dict[str, Any]) -> str:
 
 
 def write(rep: dict[str, Any], path: str) -> None:
-    from reports import output
+    from trainprobe.reports import output
     output.write(path, render(rep))

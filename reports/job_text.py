@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, TextIO
 
-from reports.text import WIDTH, Style, use_color
+from trainprobe.reports.text import WIDTH, Style, use_color
 
 
 def _pct(v: Any) -> str:

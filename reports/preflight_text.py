@@ -4,7 +4,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, TextIO
 
-from reports.text import Style, use_color
+from trainprobe.reports.text import Style, use_color
 
 ORDER = {"critical": 0, "warn": 1, "unknown": 2, "ok": 3}
 WIDTH = 118
@@ -25,7 +25,7 @@ def _status(st: Style, s: str) -> str:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None, verbose: bool = False) -> None:
-    from reports.output import terminal_safe_value
+    from trainprobe.reports.output import terminal_safe_value
 
     report = terminal_safe_value(report)    # device names, mount points, messages from the host
     st = Style(use_color(stream) if color is None else color)

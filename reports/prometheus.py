@@ -71,5 +71,5 @@ def render(report: dict[str, Any]) -> str:
 
 
 def write(report: dict[str, Any], path: str) -> None:
-    from reports import output
+    from trainprobe.reports import output
     output.write(path, render(report), private=False)   # node_exporter's textfile collector reads it

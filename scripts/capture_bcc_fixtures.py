@@ -31,7 +31,7 @@ SCENARIOS = {
 
 
 def start(args: list[str]) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "agent.workloads.train_cpu", "--seconds", "120", *args], cwd=REPO,
+    p = subprocess.Popen([sys.executable, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "120", *args], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
     n = 0
@@ -50,7 +50,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "tests" / "data" / "bcc"))
     ap.add_argument("--only", default=None, help="comma-separated scenarios")
     a = ap.parse_args()
-    from agent import diagnosis
+    from trainprobe.agent import diagnosis
     only = set(a.only.split(",")) if a.only else set(SCENARIOS)
     tiny = Path(tempfile.mkdtemp(prefix="trainprobe-tiny-"))
     blob = os.urandom(256)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from probes import bcc_support as bs
-from probes.sched import TRACEPOINTS as SCHED_TPS
-from probes.syscalls import TRACEPOINTS as SYSCALL_TPS
+from trainprobe.probes import bcc_support as bs
+from trainprobe.probes.sched import TRACEPOINTS as SCHED_TPS
+from trainprobe.probes.syscalls import TRACEPOINTS as SYSCALL_TPS
 
 READY = bs.readiness(SCHED_TPS + SYSCALL_TPS)
 # CI runs as root on a machine prepared by scripts/prepare-host.sh: there these tests attach for

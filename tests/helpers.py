@@ -44,8 +44,8 @@ class Workload:
 
 
 def start_workload(*args: str, warmup_lines: int = 1, timeout: float = 60.0, env: dict | None = None,
-                   module: str = "agent.workloads.train_cpu") -> Workload:
-    """Start `python -m agent.workloads.train_cpu ARGS` and wait until it reports progress."""
+                   module: str = "trainprobe.agent.workloads.train_cpu") -> Workload:
+    """Start `python -m trainprobe.agent.workloads.train_cpu ARGS` and wait until it reports progress."""
     e = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     e.update(env or {})
     proc = subprocess.Popen([PY, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
@@ -83,7 +83,7 @@ def run_cli(*args: str, timeout: float = 120.0, user: int | None = None, env: di
     """Run the real `trainprobe` command line (optionally as another uid) and capture everything."""
     e = dict(os.environ, NO_COLOR="1")
     e.update(env or {})
-    argv = [PY, "-m", "agent", *args]
+    argv = [PY, "-m", "trainprobe.agent", *args]
     kw = {}
     if user is not None:
         kw["user"] = user
@@ -103,7 +103,7 @@ def h200_pid(mode: str) -> int:
 
 
 def h200_pyspy_capture(mode: str):
-    from probes.pyspy import capture_from_chrometrace
+    from trainprobe.probes.pyspy import capture_from_chrometrace
     return capture_from_chrometrace(h200_chrometrace(mode), h200_pid(mode),
                                     source_remap={"/srv/train/": str(H200 / "src") + "/"})
 
@@ -113,7 +113,7 @@ def h200_nvml(mode: str) -> dict:
 
 
 def h200_gpu_capture(mode: str):
-    from probes.gpu import capture_from_nvml_json
+    from trainprobe.probes.gpu import capture_from_nvml_json
     return capture_from_nvml_json((H200 / mode / "nvml.json").read_text())
 
 
@@ -127,6 +127,20 @@ def h200_anchored_pyspy_capture(mode: str, shift_s: float = 0.0):
 
 
 def h200_evidence(mode: str, shift_s: float = 0.0, cpus: int = 16):
-    from agent import evidence
+    from trainprobe.agent import evidence
     return evidence.build([h200_anchored_pyspy_capture(mode, shift_s), h200_gpu_capture(mode)],
                           {"cpus_available": cpus, "uses_cuda": True})
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants, in MB, read from outside (psutil)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / (1 << 20)

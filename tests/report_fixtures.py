@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent import evidence as evidence_mod
-from agent import report as report_mod
-from agent import visuals
+from trainprobe.agent import evidence as evidence_mod
+from trainprobe.agent import report as report_mod
+from trainprobe.agent import visuals
 from tests.helpers import H200, h200_pid, h200_pyspy_capture
 
 PERIOD_S = 0.2

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.evidence import Evidence
+from trainprobe.agent.evidence import Evidence
 
 BUSY_BESIDE = 0.5            # another Python thread of the training process busy at least this share
 # Threads torch and multiprocessing run beside the loop; they release the GIL while they copy or wait.

@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from agent.cli import App
+from trainprobe.agent.cli import App
 
-WORKLOAD = "agent.workloads.train_cpu"
+WORKLOAD = "trainprobe.agent.workloads.train_cpu"
 
 
 @dataclass
@@ -124,9 +124,9 @@ def workload_args(kwargs: dict[str, Any]) -> list[str]:
 @click.pass_obj
 def command(app: App, duration: float, measure_s: float, as_json: bool, no_rediagnose: bool) -> None:
     """Diagnose a bundled starved training job, apply the proposed fix, and compare prediction and measurement."""
-    from agent import diagnosis
-    from agent.target import UserError
-    from reports import jsonout, text
+    from trainprobe.agent import diagnosis
+    from trainprobe.agent.target import UserError
+    from trainprobe.reports import jsonout, text
 
     out = app.out
     say = app.progress

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from agent.cli import App, redact_option
-from agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserError
+from trainprobe.agent.cli import App, redact_option
+from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserError
 
 MAX_WINDOW_S = 600.0
 
@@ -50,9 +50,9 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
             slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
             with_captures: bool = False, node_timeout: float | None = None) -> None:
     """Attach to a running training process and explain what holds its step back."""
-    from agent import diagnosis
-    from agent.commands.report import check_outputs, write_outputs
-    from probes.registry import probe_classes
+    from trainprobe.agent import diagnosis
+    from trainprobe.agent.commands.report import check_outputs, write_outputs
+    from trainprobe.probes.registry import probe_classes
 
     known = {c.name for c in probe_classes()}
     unknown = [n for n in _names(only) + _names(skip) if n not in known]
@@ -60,7 +60,7 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                                  param_hint="--probes/--skip")
     if slurm_local or slurm_job:
-        from agent.commands import slurm_job as sj
+        from trainprobe.agent.commands import slurm_job as sj
         if slurm_local:
             return sj.run_local(app, slurm_local, duration, rate, _names(only), _names(skip), deep, with_captures)
         code = sj.run_job(app, slurm_job, _names(nodes), duration, rate, _names(only), _names(skip), deep,
@@ -76,10 +76,10 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
         raise app.fail(str(exc), exc.exit_code) from None
     write_outputs(app, d.report, d.evidence, d.captures, d.context, save_path, html_path)
     if as_json:
-        from reports import jsonout
+        from trainprobe.reports import jsonout
         jsonout.render(d.report, app.out)
     else:
-        from reports import text
+        from trainprobe.reports import text
         text.render(d.report, app.out)
     if d.exit_code == EXIT_INTERRUPTED:
         raise app.fail(f"interrupted after {d.report['window']['seconds']:.1f} s; reported what was gathered",

@@ -11,8 +11,8 @@ import os
 
 import click
 
-from agent.cli import App, redact_option
-from agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
+from trainprobe.agent.cli import App, redact_option
+from trainprobe.agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
 
 FORMATS = ("svg", "html", "speedscope", "folded")
 EXTENSIONS = {".svg": "svg", ".html": "html", ".htm": "html", ".json": "speedscope", ".folded": "folded",
@@ -52,12 +52,12 @@ def split_by_root(profile: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
 def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, threads: bool,
            subprocesses: bool) -> tuple[dict[str, int], str, str, bool]:
     """Run the py-spy probe over one window -> (profile, title, subtitle, interrupted)."""
-    from agent import profiles
-    from agent.session import run_session
-    from agent.target import resolve
-    from probes.base import WatchSpec
-    from probes.pyspy import PySpyProbe
-    from probes.target import is_alive
+    from trainprobe.agent import profiles
+    from trainprobe.agent.session import run_session
+    from trainprobe.agent.target import resolve
+    from trainprobe.probes.base import WatchSpec
+    from trainprobe.probes.pyspy import PySpyProbe
+    from trainprobe.probes.target import is_alive
 
     try:
         info = resolve(pid, app.root).info
@@ -117,7 +117,7 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
             fmt: str | None, threads: bool, subprocesses: bool, native: bool, diff_path: str | None,
             title: str | None) -> None:
     """Sample a training process and write its flame graph (SVG, HTML, speedscope or folded)."""
-    from agent import profiles, visuals
+    from trainprobe.agent import profiles, visuals
 
     fmt = format_for(fmt, output)
     if pid is not None and input_path:
@@ -149,10 +149,10 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
         graph_title = title
     if before is not None:
         sub = (sub + "; " if sub else "") + f"before: {before_desc}"
-    from probes import redact
+    from trainprobe.probes import redact
     text = render(prof, fmt, redact.text(graph_title), redact.text(sub), before)
     if output:
-        from reports import output as out_file
+        from trainprobe.reports import output as out_file
         try:
             out_file.write(output, text, private=True)
         except OSError as exc:
@@ -169,8 +169,8 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
 def render(prof: dict[str, int], fmt: str, title: str, sub: str, before: dict[str, int] | None) -> str:
     import io
 
-    from agent.profiles import UNIT
-    from reports import flamegraph, folded, html, speedscope
+    from trainprobe.agent.profiles import UNIT
+    from trainprobe.reports import flamegraph, folded, html, speedscope
 
     if fmt == "folded":
         return folded.dumps_diff(before, prof) if before is not None else folded.dumps(prof)
@@ -187,5 +187,5 @@ def render(prof: dict[str, int], fmt: str, title: str, sub: str, before: dict[st
 
 
 def _version() -> str:
-    from agent import __version__
+    from trainprobe.agent import __version__
     return __version__

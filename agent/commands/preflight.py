@@ -8,7 +8,7 @@ import time
 
 import click
 
-from agent.cli import App
+from trainprobe.agent.cli import App
 
 BAD_INPUT = 3  # Nagios UNKNOWN: a usage error must never read as "critical" (2) to a scheduler
 PASSIVE_DEADLINE_S = 45.0  # well inside the 60 s after which Slurm kills a HealthCheckProgram
@@ -35,7 +35,7 @@ class _PreflightCommand(click.Command):
 def _indices(value: str | None, what: str) -> list[int] | None:
     if value is None or value.strip() == "":
         return None
-    from probes.procfs import parse_cpulist
+    from trainprobe.probes.procfs import parse_cpulist
     try:
         return parse_cpulist(value)
     except ValueError:
@@ -81,11 +81,11 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
     Exit codes: 0 ok, 1 warn, 2 critical, 3 unknown (or bad input). With --slurm: 0 unless a check is
     critical (then 2). Checks whose reads hang are reported as timed out, never waited for.
     """
-    from agent.preflight import profile as profiles
-    from agent.preflight import report as preport
-    from agent.preflight.engine import Context
-    from agent.preflight.runner import load_replay, run
-    from probes.errors import BadInput
+    from trainprobe.agent.preflight import profile as profiles
+    from trainprobe.agent.preflight import report as preport
+    from trainprobe.agent.preflight.engine import Context
+    from trainprobe.agent.preflight.runner import load_replay, run
+    from trainprobe.probes.errors import BadInput
 
     t0 = time.monotonic()
     try:
@@ -110,12 +110,12 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
 
     if save_raw:
         try:
-            from reports import output
+            from trainprobe.reports import output
             output.write(save_raw, json.dumps(raw, indent=1, default=str) + "\n", private=True)
         except OSError as exc:
             raise app.fail(f"cannot write {save_raw}: {exc.strerror}", BAD_INPUT) from None
     if prom_file:
-        from reports import prometheus
+        from trainprobe.reports import prometheus
         try:
             prometheus.write(rep, prom_file)
         except OSError as exc:
@@ -123,19 +123,19 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
     if slurm:
         line = rep["drain_reason"] or _slurm_summary(rep)
         if as_json:
-            from reports import jsonout
+            from trainprobe.reports import jsonout
             jsonout.render(rep, app.out)
             print(line, file=app.err)
         else:
             if verbose:
-                from reports import preflight_text
+                from trainprobe.reports import preflight_text
                 preflight_text.render(rep, app.err, verbose=True)
             print(line, file=app.out)
     elif as_json:
-        from reports import jsonout
+        from trainprobe.reports import jsonout
         jsonout.render(rep, app.out)
     else:
-        from reports import preflight_text
+        from trainprobe.reports import preflight_text
         preflight_text.render(rep, app.out, verbose=verbose)
     code = rep["exit_code"]
     if abandoned:

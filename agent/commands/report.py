@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from agent.cli import App, redact_option
-from agent.target import EXIT_BAD_INPUT
+from trainprobe.agent.cli import App, redact_option
+from trainprobe.agent.target import EXIT_BAD_INPUT
 
 
 def check_outputs(app: App, save_path: str | None, html_path: str | None) -> None:
     """Refuse unwritable output paths before a window is spent watching the job."""
-    from agent import bundle, visuals
+    from trainprobe.agent import bundle, visuals
 
     if save_path:
         try:
@@ -31,7 +31,7 @@ def check_outputs(app: App, save_path: str | None, html_path: str | None) -> Non
 
 def write_outputs(app: App, report: dict[str, Any], ev: Any, captures: list, context: dict[str, Any],
                   save_path: str | None, html_path: str | None) -> None:
-    from agent import bundle, visuals
+    from trainprobe.agent import bundle, visuals
 
     if save_path:
         try:
@@ -60,12 +60,12 @@ def _finding_ids(report: dict[str, Any] | None) -> list[str]:
 @click.pass_obj
 def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) -> None:
     """Re-diagnose a bundle saved by `diagnose --save`, offline."""
-    from agent import bundle, diagnosis
+    from trainprobe.agent import bundle, diagnosis
 
     check_outputs(app, None, html_path)
-    from agent.fleet import jobbundle
+    from trainprobe.agent.fleet import jobbundle
     if jobbundle.is_job_bundle(bundle_path):
-        from agent.commands.slurm_job import render
+        from trainprobe.agent.commands.slurm_job import render
         try:
             rep = jobbundle.rediagnose(bundle_path)
         except bundle.BundleError as exc:
@@ -93,8 +93,8 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
     if html_path:
         write_outputs(app, rep, ev, b.captures, b.context, None, html_path)
     if as_json:
-        from reports import jsonout
+        from trainprobe.reports import jsonout
         jsonout.render(rep, app.out)
     else:
-        from reports import text
+        from trainprobe.reports import text
         text.render(rep, app.out)

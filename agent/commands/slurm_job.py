@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.cli import App
-from agent.target import EXIT_BAD_INPUT, UserError
+from trainprobe.agent.cli import App
+from trainprobe.agent.target import EXIT_BAD_INPUT, UserError
 
 
 def run_local(app: App, job_id: str, duration: float, rate: int, only: tuple[str, ...], skip: tuple[str, ...],
               deep: bool, with_captures: bool) -> None:
-    from agent.fleet import node
+    from trainprobe.agent.fleet import node
     payload = node.run(job_id, duration, rate, only, skip, deep, with_captures, app.root, app.progress)
-    from agent.fleet.fanout import FRAME_BEGIN, FRAME_END
+    from trainprobe.agent.fleet.fanout import FRAME_BEGIN, FRAME_END
     # One framed line: srun --label cuts long lines into labelled pieces, the coordinator joins them.
     app.out.write(FRAME_BEGIN + json.dumps(payload, separators=(",", ":"), default=str) + FRAME_END + "\n")
     app.out.flush()
@@ -22,9 +22,9 @@ def run_local(app: App, job_id: str, duration: float, rate: int, only: tuple[str
 def run_job(app: App, job_id: str, nodes: tuple[str, ...], duration: float, rate: int, only: tuple[str, ...],
             skip: tuple[str, ...], deep: bool, as_json: bool, save_path: str | None, html_path: str | None,
             node_timeout: float | None) -> int:
-    from agent import bundle, visuals
-    from agent.fleet import fanout, jobbundle
-    from agent.fleet.merge import merge
+    from trainprobe.agent import bundle, visuals
+    from trainprobe.agent.fleet import fanout, jobbundle
+    from trainprobe.agent.fleet.merge import merge
 
     if save_path:
         try:
@@ -69,15 +69,15 @@ def run_job(app: App, job_id: str, nodes: tuple[str, ...], duration: float, rate
 
 def render(app: App, rep: dict[str, Any], as_json: bool, html_path: str | None) -> None:
     if html_path:
-        from reports import job_html
+        from trainprobe.reports import job_html
         try:
             job_html.write(rep, html_path)
         except OSError as exc:
             raise app.fail(f"cannot write {html_path}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
         app.progress(f"wrote the HTML job report to {html_path}")
     if as_json:
-        from reports import jsonout
+        from trainprobe.reports import jsonout
         jsonout.render(rep, app.out)
     else:
-        from reports import job_text
+        from trainprobe.reports import job_text
         job_text.render(rep, app.out)

@@ -7,8 +7,8 @@ import threading
 
 import click
 
-from agent.cli import App
-from agent.target import EXIT_BAD_INPUT
+from trainprobe.agent.cli import App
+from trainprobe.agent.target import EXIT_BAD_INPUT
 
 
 @click.command("watch")
@@ -41,8 +41,8 @@ def command(app: App, listen: str, textfile: str | None, interval: float, trigge
     """Follow every training process on this node; export Prometheus metrics; diagnose starved jobs."""
     from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
 
-    from agent import watch
-    from reports import watch_metrics
+    from trainprobe.agent import watch
+    from trainprobe.reports import watch_metrics
 
     try:
         watch.parse_trigger(trigger)

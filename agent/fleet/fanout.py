@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agent.target import EXIT_BAD_INPUT, UserError
-from probes import redact
+from trainprobe.agent.target import EXIT_BAD_INPUT, UserError
+from trainprobe.probes import redact
 
 LAUNCH_GRACE_S = 45.0        # srun start-up, the agent's imports and probe set-up and teardown
 FRAME_BEGIN, FRAME_END = "<trainprobe-node>", "</trainprobe-node>"
@@ -32,7 +32,7 @@ _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 def agent_command() -> list[str]:
     """How a node runs trainprobe: TRAINPROBE_NODE_COMMAND (shell words) or this interpreter."""
     cmd = os.environ.get("TRAINPROBE_NODE_COMMAND")
-    return shlex.split(cmd) if cmd else [sys.executable, "-m", "agent"]
+    return shlex.split(cmd) if cmd else [sys.executable, "-m", "trainprobe.agent"]
 
 
 def _run(argv: list[str], timeout: float = 20.0) -> subprocess.CompletedProcess:

@@ -16,9 +16,9 @@ import re
 import time
 from typing import Any
 
-from agent import __version__, bundle
-from reports import output
-from probes.base import Capture
+from trainprobe.agent import __version__, bundle
+from trainprobe.reports import output
+from trainprobe.probes.base import Capture
 
 SCHEMA = "trainprobe.job-bundle/1"
 INDEX = "job.json"
@@ -83,9 +83,9 @@ def save(path: str, job_report: dict[str, Any], payloads: list[dict[str, Any]]) 
 
 def rediagnose(path: str) -> dict[str, Any]:
     """The job report again, from the bundle alone."""
-    from agent import diagnosis
-    from agent.fleet.merge import merge
-    from agent.fleet.rows import rank_rows
+    from trainprobe.agent import diagnosis
+    from trainprobe.agent.fleet.merge import merge
+    from trainprobe.agent.fleet.rows import rank_rows
 
     try:
         with open(os.path.join(path, INDEX)) as fh:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent import __version__
+from trainprobe.agent import __version__
 
 SCHEMA = "trainprobe.job-report/1"
 STRAGGLER_OWN_STALL = 0.10      # a straggler's own stall (data + host sync) share, at least

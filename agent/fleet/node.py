@@ -11,10 +11,10 @@ import socket
 import threading
 from typing import Any
 
-from agent import __version__
-from agent.session import Progress
-from agent.target import UserError
-from probes import slurmjob
+from trainprobe.agent import __version__
+from trainprobe.agent.session import Progress
+from trainprobe.agent.target import UserError
+from trainprobe.probes import slurmjob
 
 SCHEMA = "trainprobe.node/1"
 
@@ -24,7 +24,7 @@ def this_node() -> str:
 
 
 def _own_tree() -> set[int]:
-    from probes import procfs
+    from trainprobe.probes import procfs
     me = os.getpid()
     return {me, os.getppid()} | {p for p, _ in procfs.descendants_of(me)}
 
@@ -32,8 +32,8 @@ def _own_tree() -> set[int]:
 def run(job_id: str, duration_s: float, rate_hz: int = 25, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
         deep: bool = False, with_captures: bool = False, root: str = "/",
         progress: Progress | None = None) -> dict[str, Any]:
-    from agent import diagnosis
-    from agent.fleet.rows import rank_rows
+    from trainprobe.agent import diagnosis
+    from trainprobe.agent.fleet.rows import rank_rows
 
     node = this_node()
     say = progress or (lambda _m: None)

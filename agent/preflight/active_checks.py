@@ -5,10 +5,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from agent.preflight import Result
-from agent.preflight.engine import Reads, check
-from probes.gpuhealth import na
-from probes.hw import link_gbps
+from trainprobe.agent.preflight import Result
+from trainprobe.agent.preflight.engine import Reads, check
+from trainprobe.probes.gpuhealth import na
+from trainprobe.probes.hw import link_gbps
 
 
 def _nvml_gpus(r: Reads) -> list[dict[str, Any]]:

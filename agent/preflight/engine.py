@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agent.preflight import Record, Result
-from agent.preflight.profile import matches
-from probes.errors import ProbeError
+from trainprobe.agent.preflight import Record, Result
+from trainprobe.agent.preflight.profile import matches
+from trainprobe.probes.errors import ProbeError
 
 RAW_SCHEMA = "trainprobe.preflight.raw/1"
 CHECK_MODULES = (
-    "agent.preflight.host_checks",
-    "agent.preflight.prereq_checks",
-    "agent.preflight.gpu_checks",
-    "agent.preflight.active_checks",
+    "trainprobe.agent.preflight.host_checks",
+    "trainprobe.agent.preflight.prereq_checks",
+    "trainprobe.agent.preflight.gpu_checks",
+    "trainprobe.agent.preflight.active_checks",
 )
 TIERS = ("host", "gpu", "active")
 CATEGORY_TIER = {"host": "host", "trainprobe": "host", "gpu": "gpu", "active": "active"}

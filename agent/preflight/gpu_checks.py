@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.preflight import Result, gib
-from agent.preflight.engine import Reads, check
-from probes.gpuhealth import na, na_reason
-from probes.hw import canonical_bdf, clock_event_labels, link_gen, parse_link_width
-from probes.procfs import format_cpulist, parse_cpulist
+from trainprobe.agent.preflight import Result, gib
+from trainprobe.agent.preflight.engine import Reads, check
+from trainprobe.probes.gpuhealth import na, na_reason
+from trainprobe.probes.hw import canonical_bdf, clock_event_labels, link_gen, parse_link_width
+from trainprobe.probes.procfs import format_cpulist, parse_cpulist
 
 NOT_SUPPORTED = "not supported"
 

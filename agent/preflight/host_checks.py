@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.preflight import GIB, Result, gib
-from agent.preflight.engine import Reads, check
-from probes import hostinfo
-from probes.procfs import format_cpulist, parse_cpulist
+from trainprobe.agent.preflight import GIB, Result, gib
+from trainprobe.agent.preflight.engine import Reads, check
+from trainprobe.probes import hostinfo
+from trainprobe.probes.procfs import format_cpulist, parse_cpulist
 
 
 @check("host.cpus_online", "host", ("cpus",))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.preflight import Result
-from agent.preflight.engine import Reads, check
-from probes.hostinfo import CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, has_cap
+from trainprobe.agent.preflight import Result
+from trainprobe.agent.preflight.engine import Reads, check
+from trainprobe.probes.hostinfo import CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, has_cap
 
 _HW_PMU_PREFIXES = ("cpu", "armv8", "armv9", "arm_cortex", "arm_neoverse", "power", "riscv")
 

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from probes.errors import BadInput
+from trainprobe.probes.errors import BadInput
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 # Sections whose keys are free-form (a table of names), not a fixed schema.

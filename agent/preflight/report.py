@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agent import __version__
-from agent.preflight import EXIT_CODES, STATUSES, Record, worst
+from trainprobe.agent import __version__
+from trainprobe.agent.preflight import EXIT_CODES, STATUSES, Record, worst
 
 SCHEMA = "trainprobe.preflight/1"
 DRAIN_PREFIX = "trainprobe:"

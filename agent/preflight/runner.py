@@ -5,11 +5,11 @@ import json
 import time
 from typing import Any
 
-from agent.preflight import Record
-from agent.preflight.engine import RAW_SCHEMA, CheckSpec, Context, Reads, ReadSpec, all_checks, collect, evaluate
-from agent.preflight.profile import matches
-from probes import gpubench, gpuhealth, hostinfo
-from probes.errors import BadInput
+from trainprobe.agent.preflight import Record
+from trainprobe.agent.preflight.engine import RAW_SCHEMA, CheckSpec, Context, Reads, ReadSpec, all_checks, collect, evaluate
+from trainprobe.agent.preflight.profile import matches
+from trainprobe.probes import gpubench, gpuhealth, hostinfo
+from trainprobe.probes.errors import BadInput
 
 
 def _t(key: str):

@@ -11,21 +11,21 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from agent.evidence import Evidence
-from agent.findings import FINDING_IDS, Finding
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import FINDING_IDS, Finding
 
 RuleFn = Callable[[Evidence], Optional[Finding]]
 
 RULE_MODULES = (
-    "agent.rules.dataloader",
-    "agent.rules.memory",
-    "agent.rules.numa",
-    "agent.rules.pcie",
-    "agent.rules.cpu",
-    "agent.rules.io",
-    "agent.rules.gil_contention",
-    "agent.rules.compute_bound",
-    "agent.rules.gpu",
+    "trainprobe.agent.rules.dataloader",
+    "trainprobe.agent.rules.memory",
+    "trainprobe.agent.rules.numa",
+    "trainprobe.agent.rules.pcie",
+    "trainprobe.agent.rules.cpu",
+    "trainprobe.agent.rules.io",
+    "trainprobe.agent.rules.gil_contention",
+    "trainprobe.agent.rules.compute_bound",
+    "trainprobe.agent.rules.gpu",
 )
 
 

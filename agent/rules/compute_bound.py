@@ -11,10 +11,10 @@ measured lowers it to low; the finding lists what was not measured.
 """
 from __future__ import annotations
 
-from agent.combiners.gil_wait import gil_wait, suspects
-from agent.evidence import Evidence
-from agent.findings import FINDING_IDS, Fact, Finding, pct
-from agent.rules import rule
+from trainprobe.agent.combiners.gil_wait import gil_wait, suspects
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import FINDING_IDS, Fact, Finding, pct
+from trainprobe.agent.rules import rule
 
 WORTH_ACTING = 1.10           # a host-side finding below this gain does not count as a stall
 COMPUTE_SHARE = 0.60          # forward + backward + optimizer share of the training thread

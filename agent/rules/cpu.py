@@ -30,9 +30,9 @@ import math
 import shlex
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 TRAIN_RUNQ_SHARE = 0.05      # the training thread or its team waits for a CPU at least this share
 WORKER_RUNQ_SHARE = 0.10     # or the workers do, while the loop waits on data

@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 STARVED_SHARE = 0.10          # the loop waits on data for at least this share of its time
 # The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
@@ -412,7 +412,7 @@ def _gpu_ceiling(ev: Evidence) -> tuple[float, float] | None:
     """(x, 1/(1-x)): the share of the time the GPU idled while the loop fetched data (GPU evidence)."""
     if not ev.has("gpu"):
         return None
-    from agent.analysis import gpu_idle
+    from trainprobe.agent.analysis import gpu_idle
     att = gpu_idle.for_evidence(ev)
     if not att.ok:
         return None

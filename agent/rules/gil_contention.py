@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 
-from agent.combiners.gil_wait import gil_wait, suspects
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.combiners.gil_wait import gil_wait, suspects
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 WAIT_SHARE = 0.10            # the training thread waits for the GIL at least this share of samples
 MIN_WAIT_SAMPLES = 3

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.analysis import gpu_idle
-from agent.analysis.gpu_idle import Attribution, amdahl
-from agent.evidence import Evidence
-from agent.findings import FINDING_IDS, Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.analysis import gpu_idle
+from trainprobe.agent.analysis.gpu_idle import Attribution, amdahl
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import FINDING_IDS, Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 CAUSE_SHARE = 0.10        # a cause must explain at least this share of the time as GPU idle
 LAUNCH_SHARE = 0.15       # idle while the host runs the step's Python: launch overhead

@@ -18,9 +18,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 SHARD_E = 0.85        # share of the small-file time that shards remove (fitted, docs/models.md)
 SMALL_READ_BYTES = 64 * 1024     # a read returning less than this from a file is "small"

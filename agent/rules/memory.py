@@ -21,9 +21,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
 
 IPC_LOW = 1.0            # below: likely stalled on memory (Gregg); also the IPC the model aims for
 LLC_MISS_HIGH = 0.20     # above: perf colours the cache-miss ratio red (stat-shadow.c)

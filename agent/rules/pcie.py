@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.evidence import Evidence
-from agent.findings import Fact, Finding, Fix, pct
-from agent.rules import rule
-from agent.rules.numa import distance, gpu_table
-from probes.hw import link_gbps
+from trainprobe.agent.evidence import Evidence
+from trainprobe.agent.findings import Fact, Finding, Fix, pct
+from trainprobe.agent.rules import rule
+from trainprobe.agent.rules.numa import distance, gpu_table
+from trainprobe.probes.hw import link_gbps
 
 IDLE_UTIL_PCT = 10.0          # a GPU below this mean utilisation may have lowered its link speed
 

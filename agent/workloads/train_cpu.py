@@ -5,7 +5,7 @@ benchmarks. It prints one line per report interval:
     PROGRESS t=<unix> steps=<n> steps_per_s=<rate over the interval>
 and, when it stops, RESULT steps=<n> seconds=<s> steps_per_s=<mean>.
 
-    python -m agent.workloads.train_cpu --seconds 30 --num-workers 0 --sample-work 2200
+    python -m trainprobe.agent.workloads.train_cpu --seconds 30 --num-workers 0 --sample-work 2200
 """
 from __future__ import annotations
 

@@ -1,0 +1,81 @@
+"""The py-spy parser and classifiers on real captures from an H200 node (tests/data/h200)."""
+import pytest
+
+from trainprobe.agent import evidence
+from trainprobe.agent.rules import run_rules
+from trainprobe.probes.pyspy import PySpyProbe
+from tests.helpers import H200_MODES, h200_pyspy_capture
+
+
+def parsed(mode):
+    return PySpyProbe.parse(h200_pyspy_capture(mode))
+
+
+def breakdown(mode):
+    return parsed(mode)["training_thread"]["breakdown"]
+
+
+def test_starved_capture_waits_on_data_about_ninety_percent():
+    bd = breakdown("starved")
+    assert 0.85 <= bd["data_load"] + bd["data_wait"] <= 0.95
+    assert bd["data_load"] > bd["data_wait"]           # num_workers=0: loading happens in the loop
+
+
+def test_starved_inloop_loading_is_in_getitem():
+    tt = parsed("starved")["training_thread"]
+    assert tt["data_load_breakdown"]["getitem"] > 0.9
+    assert "Heavy.__getitem__" in tt["top_stacks"]["data_load"][0]["stack"][-1]
+
+
+@pytest.mark.parametrize("mode", ["fixed", "healthy", "sync", "pinned", "pageable"])
+def test_other_captures_do_not_look_starved(mode):
+    bd = breakdown(mode)
+    assert bd["data_load"] + bd["data_wait"] < 0.05
+
+
+def test_fixed_capture_finds_twelve_workers_doing_getitem_and_collate():
+    w = parsed("fixed")["workers"]
+    assert w["count"] == 12
+    assert w["breakdown"]["getitem"] > 0.3 and w["breakdown"]["collate"] > 0.05
+
+
+def test_pageable_leaf_line_is_a_host_to_device_copy():
+    # The leaf frame is user code on `x = x.cuda(non_blocking=True)`: only its source says so.
+    bd = breakdown("pageable")
+    assert bd["h2d_copy"] > 0.85
+
+
+def test_source_lines_decide_the_pageable_attribution():
+    from trainprobe.probes.pyspy import capture_from_chrometrace
+    from tests.helpers import h200_chrometrace, h200_pid
+    cap = capture_from_chrometrace(h200_chrometrace("pageable"), h200_pid("pageable"))  # no source found
+    bd = PySpyProbe.parse(cap)["training_thread"]["breakdown"]
+    assert bd["h2d_copy"] < 0.05 and bd["other"] > 0.85
+
+
+def test_compute_captures_spend_their_time_in_forward_backward_optimizer():
+    for mode in ("healthy", "sync"):
+        bd = breakdown(mode)
+        assert bd["forward"] + bd["backward"] + bd["optimizer"] > 0.6, mode
+
+
+def test_timeline_is_anchored_to_the_wall_clock():
+    cap = h200_pyspy_capture("starved")
+    cap.meta["launch_unix"] = 1_000_000.0
+    tl = PySpyProbe.parse(cap)["timeline"]
+    assert tl[0][0] >= 1_000_000.0 and tl[-1][1] <= 1_000_000.0 + 5.0
+    assert all(a <= b for a, b, _ in tl)
+
+
+@pytest.mark.parametrize("mode", H200_MODES)
+def test_rules_on_captures(mode):
+    ev = evidence.build([h200_pyspy_capture(mode)], {"cpus_available": 16, "uses_cuda": True})
+    findings, runs = run_rules(ev)
+    ids = [f.id for f in findings]
+    if mode == "starved":
+        f = next(f for f in findings if f.id == "dataloader.starved")
+        assert f.details["proposed_num_workers"] > 0
+        assert "pin_memory=True" in f.fixes[0].change
+        assert f.expected_speedup > 3.0
+    else:
+        assert "dataloader.starved" not in ids

@@ -1,0 +1,111 @@
+"""Every probe and rule declares its metadata, and the layers keep their direction of flow."""
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from trainprobe.agent.findings import FINDING_IDS
+from trainprobe.agent.rules import all_rules
+from trainprobe.probes.base import Probe
+from trainprobe.probes.registry import probe_classes
+from tests.helpers import REPO
+
+PROBES = probe_classes()
+
+
+def test_probe_names_are_unique():
+    names = [p.name for p in PROBES]
+    assert len(names) == len(set(names)) and all(names)
+
+
+@pytest.mark.parametrize("cls", PROBES, ids=lambda c: c.name)
+def test_probe_declares_metadata(cls):
+    assert cls.name and cls.name.replace("_", "").isalnum()
+    assert cls.description and len(cls.description) < 120
+    assert isinstance(cls.needs, tuple)
+    assert cls.cost
+    assert cls.timeout_s > 0
+    assert cls.__doc__ is None or cls.__doc__.strip()
+    module_doc = inspect.getmodule(cls).__doc__
+    assert module_doc and module_doc.strip(), "each probe module says what it reads and what it costs"
+    for meth in ("check", "capture", "parse"):
+        assert getattr(cls, meth) is not getattr(Probe, meth), f"{cls.name} must implement {meth}"
+    assert isinstance(inspect.getattr_static(cls, "parse"), staticmethod), "parse is a pure static function"
+
+
+def test_rules_declare_known_ids_and_probes():
+    names = {p.name for p in PROBES}
+    rules = all_rules()
+    assert rules
+    for r in rules:
+        assert r.id in FINDING_IDS
+        assert r.description
+        for p in r.requires + r.uses:
+            assert p in names, f"rule {r.name} names unknown probe {p!r}"
+
+
+def test_rule_order_is_declared_and_followed():
+    from trainprobe.agent.rules import _order
+    rules = all_rules()
+    order = [r.name for r in _order(rules)]
+    for r in rules:
+        assert set(r.after) <= set(FINDING_IDS), f"rule {r.name} runs after unknown ids {r.after}"
+        for other in rules:
+            if other.id in r.after and other.id != r.id:
+                assert order.index(other.name) < order.index(r.name), f"{r.name} must run after {other.name}"
+    cb = [r for r in rules if r.id == "compute.bound"]
+    assert cb and all(r.after for r in cb), "compute.bound reads the other findings: it declares `after`"
+
+
+def test_every_finding_id_is_documented_in_the_readme():
+    readme = (REPO / "README.md").read_text()
+    for fid in FINDING_IDS:
+        assert f"`{fid}`" in readme
+
+
+def _local(module: str) -> str:
+    """trainprobe.probes.procfs -> probes.procfs: the project's folders, whatever they install as."""
+    return module[len("trainprobe."):] if module.startswith("trainprobe.") else module
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules a file imports, the project's own named by their folder (probes.procfs)."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {_local(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(_local(node.module))
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "probes").glob("*.py")), ids=lambda p: p.name)
+def test_probes_never_import_agent_or_reports(path):
+    bad = {m for m in _imports(path) if m.split(".")[0] in ("agent", "reports")}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "agent" / "rules").glob("*.py")), ids=lambda p: p.name)
+def test_rules_never_touch_the_host(path):
+    mods = _imports(path)
+    assert not ({"subprocess", "os", "shutil", "socket", "psutil", "ctypes"} & {m.split(".")[0] for m in mods})
+    pure = {"probes", "probes.pystacks", "probes.procfs", "probes.hw"}   # shared pure parsers and facts only
+    assert not any(m.startswith("probes") and m not in pure for m in mods), "rules read Evidence, not probes"
+    tree_ = ast.parse(path.read_text())
+    for node in ast.walk(tree_):
+        if isinstance(node, ast.ImportFrom) and node.module and _local(node.module) == "probes":
+            assert all(a.name in ("procfs", "pystacks") for a in node.names), "only pure parsers"
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "procfs":
+            assert node.attr.startswith(("parse_", "format_")), f"{path.name} uses procfs.{node.attr}"
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id != "open", f"{path.name} opens a file"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "reports").glob("*.py")), ids=lambda p: p.name)
+def test_renderers_read_only_the_report(path):
+    bad = {m for m in _imports(path) if m.split(".")[0] in ("probes",) or m.startswith("agent.rules")}
+    assert not bad, f"{path.name} imports {bad}"
