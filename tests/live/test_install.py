@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,14 @@ def installed(tmp_path_factory):
     vpy = venv / "bin" / "python"
     site = Path(subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    # The checkout is built with this environment's build backend and installed by its pip into the
-    # fresh one; the dependencies (click, psutil, py-spy, ...) are found in this environment's
-    # site-packages, appended after the fresh one's own.
+    # The dependencies (click, psutil, py-spy, ...) and the build backend come from this
+    # environment's site-packages, appended after the fresh one's own; this environment's pip builds
+    # the checkout and installs it into the fresh one.
+    (site / "zz-deps.pth").write_text("".join(p + "\n" for p in sys.path if p.endswith("site-packages")))
     r = subprocess.run([PY, "-m", "pip", "--python", str(vpy), "install", "-q", "--no-deps", "--no-build-isolation",
                         "--no-cache-dir", str(REPO)], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     assert r.returncode == 0, r.stderr[-3000:]
-    (site / "zz-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv, site
 
 
