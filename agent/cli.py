@@ -115,7 +115,9 @@ def _run(args: list[str] | None) -> int:
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
-        return EXIT_BAD_INPUT
+        # A usage error is bad input (2), except where a command maps it to its own code
+        # (preflight: 3, Nagios UNKNOWN, so a typo never reads as a critical node).
+        return exc.exit_code if isinstance(exc, click.UsageError) and exc.exit_code != 2 else EXIT_BAD_INPUT
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
     except BrokenPipeError:

@@ -37,7 +37,16 @@ def job_shape(pid: int, root: str = "/") -> JobShape:
     status = procfs.parse_status(procfs.try_read_text(root, f"proc/{pid}/status") or "")
     cap, basis = procfs.cpu_capacity(pid, root)
     return JobShape(pid=pid, processes=(pid, *[k for k, _ in kids]), children=dict(kids),
-                    threads=int(status.get("Threads", "1") or 1), cpu_capacity=cap, cpu_capacity_basis=basis)
+                    threads=int(status.get("Threads", "1") or 1), cpu_capacity=cap, cpu_capacity_basis=basis,
+                    ranks=tuple(k for k, parent in kids if parent == pid and _has_local_rank(k, root)))
+
+
+def _has_local_rank(pid: int, root: str) -> bool:
+    """A child that a launcher (torchrun) started as a rank carries LOCAL_RANK."""
+    try:
+        return "LOCAL_RANK" in procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ"))
+    except Exception:  # noqa: BLE001 - gone or unreadable: not known to be a rank
+        return False
 
 
 def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:
@@ -113,6 +122,8 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
             p.skipped[pr.name] = (f"does not fit the agent's CPU budget ({total:.2f} CPU-s: {basis}); "
                                   f"{max(0.0, left):.2f} CPU-s were left for it")
             continue
+        if cost.cpu_s > max(0.0, left) + 1e-6 and not p.over_budget:
+            p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         p.probes[pr.name] = cost
         left -= cost.cpu_s
     return p

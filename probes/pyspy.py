@@ -55,20 +55,22 @@ WORKER_SHARE = 0.4             # of the probe's CPU, for workers, when the job h
 
 
 def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[int, int], cpu_s: float,
-                  max_rate_hz: int, threads: int = 1) -> dict[str, Any] | None:
+                  max_rate_hz: int, threads: int = 1, ranks: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """The cheapest sampling that fits `cpu_s`: the target at up to `max_rate_hz`; its workers at a
     lower rate, a rotating subset of MAX_WORKER_SAMPLERS at a time; None if not even the target fits.
 
-    A job with grandchildren (a launcher, its ranks, their workers) keeps one `--subprocesses`
+    A launcher with ranks, or a job with grandchildren (ranks and their workers), keeps one `--subprocesses`
     sampler: it needs the process tree in the trace, at a rate the budget allows."""
     main = processes[0] if processes else 0
     workers = [p for p in processes[1:] if children.get(p) == main]
     per_window = max(window_s, 0.5)
-    if any(children.get(p) not in (None, main) for p in processes[1:]):
+    if ranks or any(children.get(p) not in (None, main) for p in processes[1:]):
         n = len(processes)
         rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * n * SAMPLE_CPU_S_SUBPROCESSES)))
         if rate < MIN_MAIN_RATE_HZ:
-            return None
+            # Ranks need their stacks in one trace: the least worth a diagnosis is the minimum rate
+            # over the whole tree; the plan's cost then says it is over the budget.
+            rate = min(max_rate_hz, MIN_MAIN_RATE_HZ)
         return {"mode": "subprocesses", "main_pid": main, "main_rate_hz": rate, "workers": [],
                 "worker_rate_hz": rate, "worker_slots": [],
                 "cpu_seconds": PYSPY_FIXED_CPU_S + rate * per_window * n * SAMPLE_CPU_S_SUBPROCESSES}
@@ -149,7 +151,7 @@ class PySpyProbe(Probe):
 
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
         plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz,
-                             job.threads)
+                             job.threads, job.ranks)
         if plan is None:
             return None
         spec.options["pyspy_plan"] = plan

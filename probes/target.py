@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from trainprobe.probes import procfs
+from trainprobe.probes import procfs, redact
 from trainprobe.probes.errors import BadInput, PermissionDenied, ProbeError, TargetGone
 
 
@@ -58,7 +58,7 @@ def inspect(pid: int, root: str = "/") -> ProcessInfo:
     kernel_thread = bool(flags & procfs.PF_KTHREAD)
     cmdline = ""
     try:
-        cmdline = " ".join(a for a in proc.cmdline() if a)
+        cmdline = " ".join(redact.argv(a for a in proc.cmdline() if a))
     except psutil.Error:  # zombies and kernel threads have none
         pass
     exe = None

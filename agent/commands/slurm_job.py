@@ -42,7 +42,8 @@ def run_job(app: App, job_id: str, nodes: tuple[str, ...], duration: float, rate
                                 f"{', '.join(job_nodes)})", EXIT_BAD_INPUT)
             wanted = set(fanout.expand_hostlist(",".join(nodes)))
             job_nodes = [n for n in job_nodes if n in wanted]
-        args = ["--duration", f"{duration:g}", "--rate", str(rate), "--json"]
+        # No --rate: each node plans its own sampling within its own budget.
+        args = ["--duration", f"{duration:g}", *(["--rate", str(rate)] if rate else []), "--json"]
         if only:
             args += ["--probes", ",".join(only)]
         if skip:

@@ -200,7 +200,7 @@ def test_ctrl_c_detaches_everything_and_still_reports():
         assert _wait_attached(), agent.stderr.read() if agent.poll() is not None else "not attached"
         agent.send_signal(signal.SIGINT)
         out, err = agent.communicate(timeout=60)
-        assert agent.returncode == 0, err
+        assert agent.returncode == 130, err            # interrupted: the report of what was gathered, then 130
         rep = json.loads(out)
         assert {x["name"]: x["status"] for x in rep["probes"]}["sched"] in ("ok", "failed")
         assert wait_no_programs(5) == []

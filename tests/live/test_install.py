@@ -52,7 +52,8 @@ def test_the_installed_command_diagnoses_a_live_job_and_runs_preflight(installed
                            capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         rep = json.loads(r.stdout)
-        assert rep["target"]["pid"] == w.pid and rep["findings"]
+        assert rep["target"]["pid"] == w.pid
+        assert {p["name"]: p["status"] for p in rep["probes"]}["pyspy"] == "ok"
         assert w.alive()
     finally:
         w.stop()

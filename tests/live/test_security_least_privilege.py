@@ -69,7 +69,8 @@ def _diagnose_as_nobody(exe: str, pid: int, caps: str, out: str) -> tuple[subpro
            "NO_COLOR": "1"}
     argv = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
             "--inh-caps", caps, "--ambient-caps", caps, exe, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid),
-            "--duration", "2", "--deep", "--json", "--save", os.path.join(out, "b.tar.gz")]
+            "--duration", "2", "--probes", "process,pyspy,perfstat,placement,topology,gil,sched,syscalls",
+            "--json", "--save", os.path.join(out, "b.tar.gz")]
     r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
     rep = json.loads(r.stdout) if r.stdout.strip() else {}
     return r, rep
