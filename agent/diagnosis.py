@@ -100,7 +100,8 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
     over the whole tree at that rate) and the plan only states their expected cost."""
     from trainprobe.agent import cost as cost_mod
     from trainprobe.probes.pyspy import DEFAULT_RATE_HZ
-    enforce = (rate_hz is None and not only) if budget is None else budget
+    # --deep, --probes and --rate ask for their cost: the plan then states it instead of cutting.
+    enforce = (rate_hz is None and not only and not deep) if budget is None else budget
     rate_hz = rate_hz or DEFAULT_RATE_HZ
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
