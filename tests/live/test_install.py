@@ -46,6 +46,8 @@ def test_the_installed_command_diagnoses_a_live_job_and_runs_preflight(installed
     venv, site = installed
     exe = str(venv / "bin" / "trainprobe")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    # py-spy is a dependency: its binary comes with the dependencies, from this environment.
+    env["PATH"] = os.pathsep.join([os.path.dirname(PY), env.get("PATH", "")])
     w = start_workload("--seconds", "60", "--num-workers", "0")
     try:
         r = subprocess.run([exe, "diagnose", "--pid", str(w.pid), "--duration", "2", "--json"], cwd=tmp_path,
