@@ -20,7 +20,6 @@ SCHEMA = "trainprobe.job-report/1"
 STRAGGLER_OWN_STALL = 0.10      # a straggler's own stall (data + host sync) share, at least
 STRAGGLER_LEAD = 0.5            # and at least this share of the worst rank's stall
 WAITS_FOR_SHARE = 0.2          # a non-straggler waiting this much in collectives waits for the stragglers
-MIN_GAIN = 1.05                 # its top finding must promise at least this
 
 
 def _own_stall(row: dict[str, Any]) -> float:
@@ -60,8 +59,9 @@ def find_stragglers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     worst = max(_own_stall(r) for r in known)
     if worst < STRAGGLER_OWN_STALL:
         return []
-    out = [r for r in known if _own_stall(r) >= max(STRAGGLER_OWN_STALL, STRAGGLER_LEAD * worst)
-           and (r.get("expected_speedup") or 1.0) >= MIN_GAIN]
+    # A straggler is named by its stall alone: how much its fix is worth on this host is the job
+    # speedup's business (a rank short of CPUs still holds the others back).
+    out = [r for r in known if _own_stall(r) >= max(STRAGGLER_OWN_STALL, STRAGGLER_LEAD * worst)]
     return sorted(out, key=lambda r: -_own_stall(r))
 
 
