@@ -233,7 +233,7 @@ class PerfStatProbe(Probe):
                                out, err)
                 argvs[name] = argv
             stopped = rec.wait_window(deadline_monotonic)
-            perf_cpu = sum(_cpu_seconds(spec.root, p.pid) for p, _o, _e in procs.values())
+            perf_cpu = sum(procfs.cpu_seconds(spec.root, p.pid) for p, _o, _e in procs.values())
             results: dict[str, dict[str, Any]] = {}
             for name, (proc, out, err) in procs.items():
                 rc = rec.finish(proc, grace_s=0.1 if stopped else interval_ms / 1000.0 + 1.5)
@@ -289,13 +289,6 @@ def _tasks(root: str, pid: int) -> list[int]:
     except OSError:
         return []
 
-
-def _cpu_seconds(root: str, pid: int) -> float:
-    text = procfs.try_read_text(root, f"proc/{pid}/stat")
-    if not text:
-        return 0.0
-    st = procfs.parse_stat(text)
-    return st["utime_s"] + st["stime_s"]
 
 
 # -- pure: captured text -> evidence --------------------------------------------------------------

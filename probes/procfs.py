@@ -116,6 +116,15 @@ def parse_stat(text: str) -> dict[str, Any]:
 PF_KTHREAD = 0x00200000
 
 
+def cpu_seconds(root: str, pid: int) -> float:
+    """A process's user + system CPU seconds from /proc/PID/stat; 0.0 once it is gone."""
+    text = try_read_text(root, f"proc/{pid}/stat")
+    if not text:
+        return 0.0
+    st = parse_stat(text)
+    return st["utime_s"] + st["stime_s"]
+
+
 @parser("/proc parse_status")
 def parse_status(text: str) -> dict[str, str]:
     out: dict[str, str] = {}

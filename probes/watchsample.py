@@ -118,13 +118,6 @@ class Discovery:
             return {}
 
 
-def _cpu_s(root: str, pid: int) -> float:
-    text = procfs.try_read_text(root, f"proc/{pid}/stat")
-    if not text:
-        return 0.0
-    st = procfs.parse_stat(text)
-    return st["utime_s"] + st["stime_s"]
-
 
 def sample_trainer(tree: Tree, pid: int, root: str = "/") -> ThreadSample | None:
     base = f"proc/{pid}/task/{pid}"
@@ -135,12 +128,12 @@ def sample_trainer(tree: Tree, pid: int, root: str = "/") -> ThreadSample | None
     status = procfs.parse_status(procfs.try_read_text(root, f"{base}/status") or "")
     sched = procfs.parse_schedstat(procfs.try_read_text(root, f"{base}/schedstat"))
     workers = tree.workers.get(pid, [])
-    wcpu = sum(_cpu_s(root, w) for w in workers)
+    wcpu = sum(procfs.cpu_seconds(root, w) for w in workers)
     return ThreadSample(t=time.monotonic(), cpu_s=st["utime_s"] + st["stime_s"],
                         run_delay_s=sched["wait_s"] if sched else None,
                         vol_ctxsw=int(status.get("voluntary_ctxt_switches", 0) or 0),
                         invol_ctxsw=int(status.get("nonvoluntary_ctxt_switches", 0) or 0),
-                        workers_cpu_s=wcpu, tree_cpu_s=_cpu_s(root, pid) + wcpu, workers=len(workers))
+                        workers_cpu_s=wcpu, tree_cpu_s=procfs.cpu_seconds(root, pid) + wcpu, workers=len(workers))
 
 
 def rates(a: ThreadSample, b: ThreadSample) -> dict[str, float | None]:
