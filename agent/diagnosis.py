@@ -96,13 +96,13 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
         progress: Progress = stderr_progress, options: dict[str, Any] | None = None,
         budget: bool | None = None) -> Diagnosis:
     """`rate_hz` None: py-spy's rate is planned within the agent's CPU budget (agent/cost.py), up to
-    DEFAULT_RATE_HZ. An explicit rate, or `budget=False`, keeps the settings as given (one sampler
+    default_rate(duration_s) (DEFAULT_RATE_HZ, more on a short window). An explicit rate, or `budget=False`, keeps the settings as given (one sampler
     over the whole tree at that rate) and the plan only states their expected cost."""
     from trainprobe.agent import cost as cost_mod
-    from trainprobe.probes.pyspy import DEFAULT_RATE_HZ
+    from trainprobe.probes.pyspy import default_rate
     # --deep, --probes and --rate ask for their cost: the plan then states it instead of cutting.
     enforce = (rate_hz is None and not only and not deep) if budget is None else budget
-    rate_hz = rate_hz or DEFAULT_RATE_HZ
+    rate_hz = rate_hz or default_rate(duration_s)
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
     requested = info.pid

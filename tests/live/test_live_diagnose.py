@@ -16,11 +16,15 @@ def diagnose(pid, *extra, duration="4"):
 
 
 def test_starved_inloop_job_gets_dataloader_starved_with_workers(workload):
-    w = workload("--seconds", "60", "--num-workers", "0")
+    # The ledger's inloop-loading job: one worker measured 1.67x, 1.22-1.76x over three pairs (the
+    # job itself runs at 42-66 steps/s from one start to the next on 2 CPUs, and its loading share
+    # with it: 0.37-0.51 in 4 s windows). The estimate must land in that measured range, widened by
+    # the sampling error of a 4 s window.
+    w = workload("--seconds", "60", "--num-workers", "0", "--sample-work", "1500")
     rep = diagnose(w.pid)
     top = rep["findings"][0]
     assert top["id"] == "dataloader.starved", rep["findings"]
-    assert top["expected_speedup"] > 1.3
+    assert 1.15 <= top["expected_speedup"] <= 2.1, top
     change = top["fixes"][0]["change"]
     assert "num_workers=" in change and int(change.split("num_workers=")[1].split(",")[0].rstrip(")")) > 0
     assert w.alive()
