@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainprobe.agent import __version__
-from trainprobe.probes import redact
+from trainprobe.probes.parsers import redact
 from trainprobe.probes.base import Capture
 
 SCHEMA = "trainprobe.bundle/1"

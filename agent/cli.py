@@ -44,13 +44,13 @@ class App:
 
 def _safe(msg: str) -> str:
     """A message may quote the target (its command line, a frame): redacted and escaped."""
-    from trainprobe.probes import redact
+    from trainprobe.probes.parsers import redact
     from trainprobe.reports.output import terminal_safe
     return terminal_safe(redact.text(str(msg)))
 
 
 def _set_redact(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    from trainprobe.probes import redact
+    from trainprobe.probes.parsers import redact
     try:
         redact.configure(value)
     except redact.RedactPatternError as exc:
@@ -59,7 +59,7 @@ def _set_redact(ctx: click.Context, param: click.Parameter, value: tuple[str, ..
 
 
 # `--redact REGEX` (repeatable) for every command that reads a target or a bundle. It is applied
-# where data enters trainprobe (probes.redact), before any probe runs: eager, and kept by the
+# where data enters trainprobe (probes.parsers.redact), before any probe runs: eager, and kept by the
 # redact module for this process rather than passed along as a value.
 redact_option = click.option(
     "--redact", metavar="REGEX", multiple=True, expose_value=False, is_eager=True, callback=_set_redact,

@@ -13,7 +13,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import JobShape, Probe, ProbeCost, WatchSpec
 
 BUDGET_SHARE = 0.01            # of the job's CPU capacity over the window

@@ -15,9 +15,9 @@ from trainprobe.agent import report as report_mod
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
 from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Capture, WatchSpec
-from trainprobe.probes.target import is_alive, launcher_of
+from trainprobe.probes.support.target import is_alive, launcher_of
 
 MIN_EVIDENCE_S = 1.0        # a target that lived less than this in the window gives exit code 3
 

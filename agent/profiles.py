@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from trainprobe.probes import pystacks
+from trainprobe.probes.parsers import pystacks
 from trainprobe.probes.base import Capture
 from trainprobe.probes.pyspy import split_traces
 from trainprobe.reports import folded, speedscope
@@ -97,9 +97,9 @@ def _read_text(path: str) -> str:
 
 
 def load_profile(path: str, threads: bool = False, subprocesses: bool = False) -> tuple[dict[str, int], str]:
-    """`_load_profile`, with credentials in frame and process names redacted (probes.redact): a
+    """`_load_profile`, with credentials in frame and process names redacted (probes.parsers.redact): a
     saved profile may come from an older trainprobe or from a tool that never redacted."""
-    from trainprobe.probes import redact
+    from trainprobe.probes.parsers import redact
 
     prof, desc = _load_profile(path, threads, subprocesses)
     out: dict[str, int] = {}

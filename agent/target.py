@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone
-from trainprobe.probes.target import Candidate, ProcessInfo, can_ptrace, find_training_processes, inspect
+from trainprobe.probes.support.target import Candidate, ProcessInfo, can_ptrace, find_training_processes, inspect
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2

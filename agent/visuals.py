@@ -10,7 +10,7 @@ from typing import Any
 from trainprobe.agent import profiles
 from trainprobe.agent.evidence import Evidence
 from trainprobe.probes.base import Capture
-from trainprobe.probes.pystacks import TRAIN_CATEGORIES
+from trainprobe.probes.parsers.pystacks import TRAIN_CATEGORIES
 
 GPU_KEYS = ("gpus", "target_gpus", "sample_period_s", "busy_fraction", "idle_fraction", "idle_intervals",
             "utilization")

@@ -1,7 +1,7 @@
 """`trainprobe watch`: the always-on, low-cost follower of every training process on a node.
 
 Every `interval` seconds it samples /proc (and NVML when there is a driver) for each training
-process tree (probes.watchsample), exports the numbers through prometheus_client, and checks a
+process tree (probes.support.watchsample), exports the numbers through prometheus_client, and checks a
 trigger condition per job. When the condition has held for `hold_s` seconds it runs one full
 `diagnose` on that job in a background thread and keeps the bundle (rotated under a count and a
 disk cap). A cooldown keeps one job from being diagnosed over and over.
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainprobe.probes.watchsample import Discovery, GpuSampler, ThreadSample, Tree, rates, sample_trainer
+from trainprobe.probes.support.watchsample import Discovery, GpuSampler, ThreadSample, Tree, rates, sample_trainer
 
 TRIGGER = re.compile(r"^(gpu-busy|loop-wait|loop-cpu)([<>])([0-9.]+)$")
 

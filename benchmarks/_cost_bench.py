@@ -23,7 +23,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainprobe.probes import procfs  # noqa: E402
+from trainprobe.probes.parsers import procfs  # noqa: E402
 
 
 def agent_env() -> dict[str, str]:

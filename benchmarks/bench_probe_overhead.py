@@ -106,7 +106,7 @@ def agent_main(config: str, pid: int, seconds: float) -> int:
     from trainprobe.probes.registry import probe_class
     bcc_import_s = None
     if config in ("sched", "syscalls", "all"):
-        from trainprobe.probes import bcc_support
+        from trainprobe.probes.support import bcc_support
         t_b = time.monotonic()
         bcc_support.import_bcc()
         bcc_import_s = time.monotonic() - t_b

@@ -1,5 +1,5 @@
 """What one listing of a job's process tree costs: the kernel's child lists (what
-probes.procfs.descendants_of reads) against psutil's children(recursive=True), which reads the stat
+probes.parsers.procfs.descendants_of reads) against psutil's children(recursive=True), which reads the stat
 file of every process on the host. The process probe lists the tree every 0.5 s and the eBPF
 probes every 0.25 s, so the listing's cost is paid 2-4 times a second.
 
@@ -19,7 +19,7 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainprobe.probes import procfs  # noqa: E402
+from trainprobe.probes.parsers import procfs  # noqa: E402
 
 
 def main() -> None:

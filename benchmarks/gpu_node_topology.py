@@ -30,9 +30,9 @@ from trainprobe.agent.evidence import Evidence  # noqa: E402
 from trainprobe.agent.rules import run_rules  # noqa: E402
 from trainprobe.agent.rules.numa import gpu_table  # noqa: E402
 from trainprobe.agent.rules.pcie import link_state  # noqa: E402
-from trainprobe.probes import procfs  # noqa: E402
+from trainprobe.probes.parsers import procfs  # noqa: E402
 from trainprobe.probes.errors import Unavailable  # noqa: E402
-from trainprobe.probes.nvml import Nvml, is_na  # noqa: E402
+from trainprobe.probes.support.nvml import Nvml, is_na  # noqa: E402
 from trainprobe.probes.topology import parse_link_speed, pcie_gen, read_topology  # noqa: E402
 
 

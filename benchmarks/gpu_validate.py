@@ -318,7 +318,7 @@ def preflight(args: argparse.Namespace) -> dict[str, Any]:
     facts["py_spy"] = spy
     if args.no_preflight:
         return facts
-    from trainprobe.probes.nvml import Nvml
+    from trainprobe.probes.support.nvml import Nvml
     try:
         with Nvml() as nv:
             n = nv.call("nvmlDeviceGetCount")

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from trainprobe.probes import redact
+from trainprobe.probes.parsers import redact
 from trainprobe.probes.errors import ProbeError, TimedOut, parser, translate_oserror
 
 STATUSES = ("ok", "skipped", "failed", "timeout")

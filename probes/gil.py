@@ -24,7 +24,7 @@ import platform
 import time
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from trainprobe.probes.errors import PermissionDenied, TargetGone, Unavailable
 from trainprobe.probes.pyspy import pyspy_availability, pyspy_binary

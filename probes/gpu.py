@@ -1,6 +1,6 @@
 """GPU probe: the GPUs, which of them the target uses, and how busy they were over the window (NVML).
 
-Every NVML call goes through probes/nvml.py (`Nvml.call`), so a metric a GPU or driver lacks is an
+Every NVML call goes through probes/support/nvml.py (`Nvml.call`), so a metric a GPU or driver lacks is an
 NA with its reason, never an exception. At the start it reads each GPU's identity (name, UUID, PCI
 bus id, PCIe generation and width, CPU affinity, NUMA node) and the driver version. Then it polls
 within a call budget (docs/cost.md):
@@ -29,11 +29,11 @@ import statistics
 import time
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from trainprobe.probes.errors import Unavailable, parser
-from trainprobe.probes.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
-from trainprobe.probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from trainprobe.probes.parsers.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
+from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 
 FORMAT = "trainprobe.nvml/1"
 POLL_S = 1.0                   # power, temperature, PCIe throughput, memory used, clock reasons

@@ -4,7 +4,7 @@ Reads, for every GPU NVML sees: identity, persistence/compute/MIG mode, ECC mode
 (total, DRAM, SRAM; volatile and aggregate), row remapping, retired pages, GPU recovery action,
 clock-event reasons, temperature and its thresholds, power and its limits, PCIe link (current,
 maximum, replays), NVLink state and error counters where present, processes and memory already on
-the GPU, CPU affinity and NUMA node. Every call goes through probes.nvml.Nvml.call (bounded by a
+the GPU, CPU affinity and NUMA node. Every call goes through probes.support.nvml.Nvml.call (bounded by a
 timeout, NVML errors become NA). After one call hangs, the rest are skipped rather than each
 waiting out its own timeout. Nothing is changed on the GPU. Cost: a few hundred NVML calls,
 typically well under a second for 8 GPUs.
@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from trainprobe.probes.errors import Unavailable
-from trainprobe.probes.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
-from trainprobe.probes.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
+from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from trainprobe.probes.parsers.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
 
 SCHEMA = "trainprobe.gpuhealth/1"
 
@@ -72,7 +72,7 @@ class _Reader:
         return v
 
     def call_what(self, what: str, name: str, *args: Any) -> Any:
-        """`call` in the shape the shared device readers of probes.nvml use."""
+        """`call` in the shape the shared device readers of probes.support.nvml use."""
         return self.call(name, *args)
 
     @contextmanager

@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from trainprobe.probes import procfs
-from trainprobe.probes.hw import PCI_VENDOR_NVIDIA
+from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers.hw import PCI_VENDOR_NVIDIA
 from trainprobe.probes.errors import PermissionDenied, Unavailable, parser, translate_oserror
 
 NVIDIA_VENDOR = f"{PCI_VENDOR_NVIDIA:#06x}"     # as sysfs prints it: "0x10de"

@@ -32,8 +32,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from trainprobe.probes import perfparse as pp
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import perfparse as pp
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
 

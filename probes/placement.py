@@ -26,7 +26,7 @@ import re
 import time
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.errors import TargetGone, parser
 

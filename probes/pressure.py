@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Optional, TypedDict
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import ProbeError
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from trainprobe.probes import procfs, redact
+from trainprobe.probes.parsers import procfs, redact
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.errors import ProbeError, TargetGone
 

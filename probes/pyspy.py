@@ -22,10 +22,11 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from trainprobe.probes import procfs, pystacks, redact, sourcelines
+from trainprobe.probes.parsers import procfs, pystacks, redact
+from trainprobe.probes.support import sourcelines
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
 from trainprobe.probes.errors import PermissionDenied, Unavailable
-from trainprobe.probes.target import can_ptrace, inspect
+from trainprobe.probes.support.target import can_ptrace, inspect
 
 SUPPORTED_PYTHON = ((2, 3), (3, 14))
 # 25 samples/s: 250 samples of the training thread in a 10 s window (shares to about +-3%), a 40 ms

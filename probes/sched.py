@@ -24,8 +24,8 @@ import os
 import time
 from typing import Any
 
-from trainprobe.probes import bcc_support as bs
-from trainprobe.probes import procfs
+from trainprobe.probes.support import bcc_support as bs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import Unavailable
 

@@ -25,8 +25,8 @@ import subprocess
 import time
 from typing import Any
 
-from trainprobe.probes import bcc_support as bs
-from trainprobe.probes import procfs
+from trainprobe.probes.support import bcc_support as bs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import Unavailable
 from trainprobe.probes.sched import ProcessTree, read_formats, slot_bounds, _say_mount

@@ -22,8 +22,8 @@ import re
 import time
 from typing import Any
 
-from trainprobe.probes import procfs
-from trainprobe.probes.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
+from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
                        parse_link_width, pcie_gen)
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import parser

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprobe.probes import bcc_support as bs
+from trainprobe.probes.support import bcc_support as bs
 from trainprobe.probes.sched import TRACEPOINTS as SCHED_TPS
 from trainprobe.probes.syscalls import TRACEPOINTS as SYSCALL_TPS
 

@@ -57,7 +57,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
     from trainprobe.agent.target import resolve
     from trainprobe.probes.base import WatchSpec
     from trainprobe.probes.pyspy import PySpyProbe
-    from trainprobe.probes.target import is_alive
+    from trainprobe.probes.support.target import is_alive
 
     try:
         info = resolve(pid, app.root).info
@@ -149,7 +149,7 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
         graph_title = title
     if before is not None:
         sub = (sub + "; " if sub else "") + f"before: {before_desc}"
-    from trainprobe.probes import redact
+    from trainprobe.probes.parsers import redact
     text = render(prof, fmt, redact.text(graph_title), redact.text(sub), before)
     if output:
         from trainprobe.reports import output as out_file

@@ -35,7 +35,7 @@ class _PreflightCommand(click.Command):
 def _indices(value: str | None, what: str) -> list[int] | None:
     if value is None or value.strip() == "":
         return None
-    from trainprobe.probes.procfs import parse_cpulist
+    from trainprobe.probes.parsers.procfs import parse_cpulist
     try:
         return parse_cpulist(value)
     except ValueError:

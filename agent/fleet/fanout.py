@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainprobe.agent.target import EXIT_BAD_INPUT, UserError
-from trainprobe.probes import redact
+from trainprobe.probes.parsers import redact
 
 LAUNCH_GRACE_S = 45.0        # srun start-up, the agent's imports and probe set-up and teardown
 FRAME_BEGIN, FRAME_END = "<trainprobe-node>", "</trainprobe-node>"

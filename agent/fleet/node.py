@@ -1,6 +1,6 @@
 """The node side of `diagnose --slurm-job`: run by srun as one task of the job on each node.
 
-It finds the job's training processes on its own node by the job (probes.slurmjob), diagnoses
+It finds the job's training processes on its own node by the job (probes.support.slurmjob), diagnoses
 each over the common window, and prints one JSON line: the node's report(s), the per-rank rows
 and, when the coordinator saves a bundle, the raw captures.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from trainprobe.agent import __version__
 from trainprobe.agent.session import Progress
 from trainprobe.agent.target import UserError
-from trainprobe.probes import slurmjob
+from trainprobe.probes.support import slurmjob
 
 SCHEMA = "trainprobe.node/1"
 
@@ -24,7 +24,7 @@ def this_node() -> str:
 
 
 def _own_tree() -> set[int]:
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     me = os.getpid()
     return {me, os.getppid()} | {p for p, _ in procfs.descendants_of(me)}
 

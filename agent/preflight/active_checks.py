@@ -8,7 +8,7 @@ from typing import Any
 from trainprobe.agent.preflight import Result
 from trainprobe.agent.preflight.engine import Reads, check
 from trainprobe.probes.gpuhealth import na
-from trainprobe.probes.hw import link_gbps
+from trainprobe.probes.parsers.hw import link_gbps
 
 
 def _nvml_gpus(r: Reads) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ from typing import Any
 from trainprobe.agent.preflight import Result, gib
 from trainprobe.agent.preflight.engine import Reads, check
 from trainprobe.probes.gpuhealth import na, na_reason
-from trainprobe.probes.hw import canonical_bdf, clock_event_labels, link_gen, parse_link_width
-from trainprobe.probes.procfs import format_cpulist, parse_cpulist
+from trainprobe.probes.parsers.hw import canonical_bdf, clock_event_labels, link_gen, parse_link_width
+from trainprobe.probes.parsers.procfs import format_cpulist, parse_cpulist
 
 NOT_SUPPORTED = "not supported"
 

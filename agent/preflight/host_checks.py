@@ -9,7 +9,7 @@ from typing import Any
 from trainprobe.agent.preflight import GIB, Result, gib
 from trainprobe.agent.preflight.engine import Reads, check
 from trainprobe.probes import hostinfo
-from trainprobe.probes.procfs import format_cpulist, parse_cpulist
+from trainprobe.probes.parsers.procfs import format_cpulist, parse_cpulist
 
 
 @check("host.cpus_online", "host", ("cpus",))

@@ -29,8 +29,8 @@ from typing import Any
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
-from trainprobe.probes import procfs
-from trainprobe.probes.hw import canonical_bdf
+from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers.hw import canonical_bdf
 
 REMOTE_SHARE = 0.25          # a rank or its workers spend at least this share off the GPU's node
 MIN_CPU_S = 0.1              # less CPU time than this over the window says nothing about placement

@@ -24,7 +24,7 @@ from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
 from trainprobe.agent.rules.numa import distance, gpu_table
-from trainprobe.probes.hw import link_gbps
+from trainprobe.probes.parsers.hw import link_gbps
 
 IDLE_UTIL_PCT = 10.0          # a GPU below this mean utilisation may have lowered its link speed
 

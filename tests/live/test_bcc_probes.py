@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.sched import SchedProbe
 from trainprobe.probes.syscalls import SyscallsProbe

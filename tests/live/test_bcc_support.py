@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprobe.probes import bcc_support as bs
+from trainprobe.probes.support import bcc_support as bs
 from tests.bcc_helpers import READY, needs_ebpf, needs_root
 from tests.helpers import REPO
 

@@ -15,7 +15,7 @@ import pytest
 from trainprobe.agent import cost
 from trainprobe.probes import gpu as gpu_mod
 from trainprobe.probes.base import Capture, JobShape, Recorder, WatchSpec
-from trainprobe.probes.nvml import Nvml, is_na
+from trainprobe.probes.support.nvml import Nvml, is_na
 from trainprobe.probes.pyspy import MAX_WORKER_SAMPLERS, MIN_MAIN_RATE_HZ, PySpyProbe, plan_sampling
 from tests.helpers import PY, REPO, tree_rss_mb
 
@@ -211,7 +211,7 @@ def test_workers_are_sampled_in_rotation_by_per_pid_samplers(workload):
     """A real job with 3 workers; py-spy planned with room for workers: the target has its own
     sampler, the workers are sampled in slots (2 at a time), and the evidence sees every worker."""
     from trainprobe.agent.session import run_session
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     w = workload("--num-workers", "3", "--persistent-workers", "--seconds", "60", warmup_lines=2)
     kids = dict(procfs.descendants_of(w.pid))
     procs = (w.pid, *kids)

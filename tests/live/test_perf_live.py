@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from trainprobe.agent.session import run_session
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import WatchSpec
 from trainprobe.probes.perfstat import PerfStatProbe, perf_binary, read_pmu
 from tests.helpers import PY, REPO, run_cli

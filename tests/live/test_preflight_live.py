@@ -72,7 +72,7 @@ def test_host_reads_match_the_standard_tools(live):
     # CPUs: online as getconf counts them, and the job's CPUs as nproc (affinity) counts them.
     assert c[("host.cpus_online", None)]["value"] == int(sh("getconf _NPROCESSORS_ONLN"))
     job = c[("host.cpus_online", None)]["details"]["job_cpus"]
-    from trainprobe.probes.procfs import parse_cpulist
+    from trainprobe.probes.parsers.procfs import parse_cpulist
     assert len(parse_cpulist(job)) == int(sh("nproc"))
     # Memory and swap as free -b reports them.
     free = {ln.split()[0].rstrip(":"): [int(x) for x in ln.split()[1:]] for ln in sh("free -b").splitlines()[1:]}
@@ -99,7 +99,7 @@ def test_numa_matches_numactl(live):
     n = int(re.search(r"available: (\d+) nodes", out).group(1))
     c = by_check(rep)[("host.numa_nodes", None)]
     assert c["value"] == n
-    from trainprobe.probes.procfs import parse_cpulist
+    from trainprobe.probes.parsers.procfs import parse_cpulist
     for node, cpus in re.findall(r"node (\d+) cpus: ([\d ]+)", out):
         assert parse_cpulist(c["details"]["nodes"][node]) == [int(x) for x in cpus.split()]
 

@@ -9,10 +9,10 @@ import psutil
 import pytest
 
 from trainprobe.agent.target import EXIT_BAD_INPUT, UserError, validate
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.errors import PermissionDenied, TargetGone, TimedOut, translate_psutil_error
 from trainprobe.probes.process import _proc_facts, _snapshot_process
-from trainprobe.probes.target import inspect, is_alive
+from trainprobe.probes.support.target import inspect, is_alive
 
 
 def test_psutil_exceptions_map_onto_the_taxonomy():

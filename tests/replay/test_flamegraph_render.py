@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from trainprobe.agent import profiles
-from trainprobe.probes import pystacks
+from trainprobe.probes.parsers import pystacks
 from trainprobe.reports import flamegraph, folded
 from tests.helpers import H200_MODES, h200_pyspy_capture
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from trainprobe.probes import perfparse as pp
+from trainprobe.probes.parsers import perfparse as pp
 from trainprobe.probes.errors import PermissionDenied, TargetGone, Unavailable
 from trainprobe.probes.perfstat import classify_failure, hardware_reason, summarise
 from tests.helpers import DATA

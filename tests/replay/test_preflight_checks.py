@@ -15,7 +15,7 @@ from trainprobe.agent.preflight.engine import CheckSpec, Context, Reads, ReadSpe
 from trainprobe.agent.preflight.runner import run
 from trainprobe.probes import gpuhealth, hostinfo
 from trainprobe.probes.errors import BadInput
-from trainprobe.probes.nvml import Nvml
+from trainprobe.probes.support.nvml import Nvml
 from tests.preflight_fixtures import (SMI_Q, TREES, edit, gpu_read_from_nvml_block, gpu_read_from_smi, h200_raw,
                                       tree)
 
@@ -343,10 +343,10 @@ def test_nvml_reader_stops_after_a_hung_call():
 
 
 def test_affinity_words_and_plain_values():
-    from trainprobe.probes.hw import cpus_from_nvml_words
+    from trainprobe.probes.parsers.hw import cpus_from_nvml_words
     assert cpus_from_nvml_words([0b1011, 1]) == [0, 1, 3, 64]
     assert gpuhealth._plain(b"NVIDIA H200") == "NVIDIA H200"
-    from trainprobe.probes.nvml import NA
+    from trainprobe.probes.support.nvml import NA
     assert gpuhealth._plain(NA("not supported on this GPU or driver")) == {"na": "not supported on this GPU or driver"}
     assert gpuhealth.na({"na": "x"}) and not gpuhealth.na({"na": "x", "y": 1})
 

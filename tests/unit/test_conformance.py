@@ -65,12 +65,13 @@ def test_every_finding_id_is_documented_in_the_readme():
 
 
 def _local(module: str) -> str:
-    """trainprobe.probes.procfs -> probes.procfs: the project's folders, whatever they install as."""
+    """trainprobe.probes.parsers.procfs -> probes.parsers.procfs: the project's folders, whatever they
+    install as."""
     return module[len("trainprobe."):] if module.startswith("trainprobe.") else module
 
 
 def _imports(path: Path) -> set[str]:
-    """The modules a file imports, the project's own named by their folder (probes.procfs)."""
+    """The modules a file imports, the project's own named by their folder (probes.parsers.procfs)."""
     tree = ast.parse(path.read_text())
     out = set()
     for node in ast.walk(tree):
@@ -81,7 +82,7 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "probes").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REPO / "probes").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
 def test_probes_never_import_agent_or_reports(path):
     bad = {m for m in _imports(path) if m.split(".")[0] in ("agent", "reports")}
     assert not bad, f"{path.name} imports {bad}"
@@ -91,12 +92,13 @@ def test_probes_never_import_agent_or_reports(path):
 def test_rules_never_touch_the_host(path):
     mods = _imports(path)
     assert not ({"subprocess", "os", "shutil", "socket", "psutil", "ctypes"} & {m.split(".")[0] for m in mods})
-    pure = {"probes", "probes.pystacks", "probes.procfs", "probes.hw"}   # shared pure parsers and facts only
+    pure = {"probes", "probes.parsers", "probes.parsers.pystacks", "probes.parsers.procfs", "probes.parsers.hw"}
+    # shared pure parsers and facts only
     assert not any(m.startswith("probes") and m not in pure for m in mods), "rules read Evidence, not probes"
     tree_ = ast.parse(path.read_text())
     for node in ast.walk(tree_):
-        if isinstance(node, ast.ImportFrom) and node.module and _local(node.module) == "probes":
-            assert all(a.name in ("procfs", "pystacks") for a in node.names), "only pure parsers"
+        if isinstance(node, ast.ImportFrom) and node.module and _local(node.module) in ("probes", "probes.parsers"):
+            assert all(a.name in ("procfs", "pystacks", "hw") for a in node.names), "only pure parsers"
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "procfs":
             assert node.attr.startswith(("parse_", "format_")), f"{path.name} uses procfs.{node.attr}"
     tree = ast.parse(path.read_text())
@@ -109,3 +111,13 @@ def test_rules_never_touch_the_host(path):
 def test_renderers_read_only_the_report(path):
     bad = {m for m in _imports(path) if m.split(".")[0] in ("probes",) or m.startswith("agent.rules")}
     assert not bad, f"{path.name} imports {bad}"
+
+
+def test_tests_and_benchmarks_never_import_each_other():
+    """Shared harness lives in scripts/; tests may run a benchmark as a command, never import one."""
+    for folder, other in (("tests", "benchmarks"), ("benchmarks", "tests")):
+        for path in (REPO / folder).rglob("*.py"):
+            mods = _imports(path)
+            assert not any(m.split(".")[0] == other for m in mods), f"{path.relative_to(REPO)} imports {other}"
+            text = path.read_text()
+            assert f'/ "{other}"))' not in text and f"sys.path.insert(0, str(REPO / \"{other}\"" not in text, path

@@ -3,7 +3,7 @@ shaped like the node agent's output; the live two-slurmd test checks the same on
 import io
 
 from trainprobe.agent.fleet.merge import job_speedup, merge
-from trainprobe.probes.slurmjob import JobProcess, training_targets
+from trainprobe.probes.support.slurmjob import JobProcess, training_targets
 from trainprobe.reports import job_html, job_text
 
 

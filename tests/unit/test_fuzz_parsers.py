@@ -100,7 +100,7 @@ def mutate(doc, data):
 @FAST
 @given(st.one_of(texty, joined(numbers, st.sampled_from([",", "-", " ", ",-"]))))
 def test_proc_cpulist_and_small_files(text):
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     call("procfs.parse_cpulist", procfs.parse_cpulist, text)
     call("procfs.parse_schedstat", procfs.parse_schedstat, text)
     call("procfs.parse_cpu_max", procfs.parse_cpu_max, text)
@@ -113,14 +113,14 @@ def test_proc_cpulist_and_small_files(text):
 @given(st.one_of(texty, st.builds(lambda pid, comm, rest: f"{pid} ({comm}) {rest}", numbers, texty,
                                   joined(numbers, st.just(" ")))))
 def test_proc_stat(text):
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     call("procfs.parse_stat", procfs.parse_stat, text)
 
 
 @FAST
 @given(st.binary(max_size=400))
 def test_proc_cmdline_and_environ(raw):
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     call("procfs.parse_argv", procfs.parse_argv, raw)
     call("procfs.parse_environ_whitelist", procfs.parse_environ_whitelist, raw)
 
@@ -145,7 +145,7 @@ perf_field = st.one_of(numbers, st.sampled_from(["cycles", "instructions:u", "cp
 @given(st.one_of(texty, joined(perf_field, st.sampled_from([",", ";", "\t"])),
                  st.lists(joined(perf_field, st.just(",")), max_size=6).map("\n".join)))
 def test_perf_stat_output(text):
-    from trainprobe.probes import perfparse
+    from trainprobe.probes.parsers import perfparse
     call("perfparse.parse_text", perfparse.parse_text, text)
     for sep in (",", ";"):
         call("perfparse.parse_line", perfparse.parse_line, text.split("\n")[0], sep)
@@ -158,7 +158,7 @@ def _perf_fixtures():
 @FAST
 @given(st.data())
 def test_perf_stat_real_output_with_one_line_damaged(data):
-    from trainprobe.probes import perfparse
+    from trainprobe.probes.parsers import perfparse
     texts = _perf_fixtures()
     if not texts:
         return
@@ -258,7 +258,7 @@ frame_event = st.fixed_dictionaries(
 @FAST
 @given(st.one_of(st.lists(frame_event, max_size=30), json_value))
 def test_pyspy_chrometrace_events(events):
-    from trainprobe.probes import pystacks
+    from trainprobe.probes.parsers import pystacks
     from trainprobe.probes.base import Capture
     from trainprobe.probes.pyspy import PySpyProbe
     cap = Capture("pyspy", artifacts={"chrometrace.json": json.dumps(events)}, meta={"pid": 1, "launch_unix": 0})
@@ -288,7 +288,8 @@ def test_pyspy_dump_samples_for_the_gil_probe(samples):
 @SLOW
 @given(st.data())
 def test_nvml_values(data):
-    from trainprobe.probes import gpu, nvml
+    from trainprobe.probes import gpu
+    from trainprobe.probes.support import nvml
     from tests.helpers import h200_nvml
     raw = mutate(h200_nvml("starved"), data)
     call("gpu.analyse (NVML values)", gpu.analyse, raw)

@@ -1,9 +1,9 @@
-"""The hardware-facts layer (probes/hw.py): each fact defined once, pure, and right."""
+"""The hardware-facts layer (probes/parsers/hw.py): each fact defined once, pure, and right."""
 import ast
 
 import pytest
 
-from trainprobe.probes import hw
+from trainprobe.probes.parsers import hw
 from tests.helpers import REPO
 
 
@@ -50,7 +50,7 @@ def test_clock_event_keys_and_labels_come_from_one_table():
 
 
 def test_hw_is_pure():
-    tree = ast.parse((REPO / "probes" / "hw.py").read_text())
+    tree = ast.parse((REPO / "probes" / "parsers" / "hw.py").read_text())
     mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not mods & {"os", "subprocess", "ctypes", "psutil"}
@@ -60,10 +60,10 @@ def test_hw_is_pure():
 @pytest.mark.parametrize("name", ["LANE_GBPS", "PCIE_LANE", "GEN_BY_GTS", "_GTS_TO_GEN", "CLOCK_EVENT_REASONS",
                                   "CLOCK_EVENTS", "pci_bdf_from_nvml", "words_to_cpus"])
 def test_no_module_keeps_its_own_copy_of_a_hardware_fact(name):
-    for path in [*REPO.joinpath("probes").glob("*.py"), *REPO.joinpath("agent").rglob("*.py")]:
+    for path in [*REPO.joinpath("probes").rglob("*.py"), *REPO.joinpath("agent").rglob("*.py")]:
         if path.name == "hw.py":
             continue
         tree = ast.parse(path.read_text())
         defined = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
         defined |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert name not in defined, f"{path.relative_to(REPO)} defines {name}: use probes.hw"
+        assert name not in defined, f"{path.relative_to(REPO)} defines {name}: use probes.parsers.hw"

@@ -1,13 +1,11 @@
-"""The ledger harness (benchmarks/ledger.py) without running its jobs: the fix's knobs become the
+"""The ledger harness (scripts/ledger.py, run as benchmarks/ledger.py) without running its jobs: the fix's knobs become the
 job's settings exactly, and the GPU plan covers what the ledger promises."""
 import json
 import subprocess
 import sys
 
+from scripts import ledger
 from tests.helpers import DATA, REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import ledger  # noqa: E402
 
 
 def test_the_printed_knobs_become_the_jobs_settings():

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from trainprobe.probes import redact, sourcelines
+from trainprobe.probes.parsers import redact
+from trainprobe.probes.support import sourcelines
 from trainprobe.reports import output
 from tests.helpers import DATA, PY, REPO, run_cli
 
@@ -49,7 +50,7 @@ def test_argv_credentials_are_redacted(given, hidden):
     assert hidden not in " ".join(out)
     assert len(out) == len(given) and out[0] == "train.py"   # names stay, so a reader sees something was there
     raw = "\0".join(given).encode()
-    from trainprobe.probes import procfs
+    from trainprobe.probes.parsers import procfs
     assert hidden not in procfs.parse_cmdline(raw) and procfs.parse_argv(raw) == out
 
 

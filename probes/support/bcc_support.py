@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.errors import PermissionDenied, ProbeError, Unavailable
 
 DISABLE_ENV = "TRAINPROBE_NO_EBPF"          # set to 1: the eBPF probes skip and say so

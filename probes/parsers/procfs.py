@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import psutil
 
-from trainprobe.probes import redact
+from trainprobe.probes.parsers import redact
 from trainprobe.probes.errors import ProbeError, parser, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -148,14 +148,14 @@ def parse_schedstat(text: str | None) -> dict[str, float] | None:
 
 @parser("/proc parse_argv")
 def parse_argv(raw: bytes | str) -> list[str]:
-    """/proc/PID/cmdline -> the argv list, with credentials redacted (probes.redact)."""
+    """/proc/PID/cmdline -> the argv list, with credentials redacted (probes.parsers.redact)."""
     if isinstance(raw, str):
         raw = raw.encode()
     return redact.argv(a.decode(errors="replace") for a in raw.split(b"\0") if a)
 
 
 def parse_cmdline(raw: bytes | str) -> str:
-    """/proc/PID/cmdline -> one line, with credentials redacted (probes.redact)."""
+    """/proc/PID/cmdline -> one line, with credentials redacted (probes.parsers.redact)."""
     return " ".join(parse_argv(raw))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from trainprobe.probes import procfs, redact
+from trainprobe.probes.parsers import procfs, redact
 from trainprobe.probes.errors import BadInput, PermissionDenied, ProbeError, TargetGone
 
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from trainprobe.probes import procfs, pystacks
+from trainprobe.probes.parsers import procfs, pystacks
 
 MAX_FILE_BYTES = 4 << 20        # a source file larger than this is not read
 MAX_FILES = 256                 # distinct files read per trace

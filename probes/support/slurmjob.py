@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 
 JOB_KEYS = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID",
             "RANK", "LOCAL_RANK")

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from trainprobe.probes.errors import parser
-from trainprobe.probes.procfs import format_cpulist, parse_cpulist
+from trainprobe.probes.parsers.procfs import format_cpulist, parse_cpulist
 
 __all__ = [
     "PCIE_GTS", "LANE_GBPS", "pcie_gen", "parse_link_speed", "parse_link_width", "link_gen", "link_gbps",

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprobe.probes import procfs
+from trainprobe.probes.parsers import procfs
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "SLURM_JOB_ID")
 
@@ -163,7 +163,7 @@ class GpuSampler:
         self.nvml: Any = None
         self.error: str | None = None
         from trainprobe.probes.errors import ProbeError
-        from trainprobe.probes.nvml import Nvml
+        from trainprobe.probes.support.nvml import Nvml
         try:
             n = Nvml()
             n.open()
@@ -174,7 +174,7 @@ class GpuSampler:
     def sample(self) -> dict[int, dict[str, Any]]:
         if self.nvml is None:
             return {}
-        from trainprobe.probes.nvml import is_na
+        from trainprobe.probes.support.nvml import is_na
         out: dict[int, dict[str, Any]] = {}
         count = self.nvml.call("nvmlDeviceGetCount")
         if is_na(count):

@@ -179,7 +179,7 @@ class Nvml:
 # -- the device facts diagnose's gpu probe and preflight's gpuhealth reader both read ----------------
 
 def read_device_identity(call: Any, handle: Any) -> dict[str, Any]:
-    """A GPU's name, UUID and PCI bus id (NVML's form, '00000000:18:00.0'; probes.hw.canonical_bdf
+    """A GPU's name, UUID and PCI bus id (NVML's form, '00000000:18:00.0'; probes.parsers.hw.canonical_bdf
     gives sysfs'). `call(what, nvml_function, *args)` is the caller's bounded call: it returns the
     value, or an NA (or None) when NVML could not say."""
     name = call("name", "nvmlDeviceGetName", handle)

@@ -1,0 +1,640 @@
+#!/usr/bin/env python3
+"""The validation ledger: apply the fix trainprobe printed, measure what it gives.
+
+For each workload variant of a machine kind it starts the job, runs
+`python -m trainprobe.agent diagnose --pid PID --duration D --json --save BUNDLE` on it, reads the top
+finding and the machine-readable `knobs` of its fixes (the same settings its text prints), applies
+exactly those knobs to the job, and measures before/after throughput in interleaved repetitions
+(before, after, before, after, ...; median and spread of the per-repetition ratios): each job
+starts once and is paused with SIGSTOP (its workers too) while the other is timed. Healthy
+variants are diagnosed only: they must give no finding above 1.2x.
+
+    python benchmarks/ledger.py --kind cpu --out DIR            # this machine's CPU jobs (~10 min)
+    python benchmarks/ledger.py --kind gpu --out DIR --cases A,B,C,D   # one GPU, py-spy; 4 cases ~7 min
+    python benchmarks/ledger.py --kind gpu --dry-run            # print the plan, run nothing
+    python benchmarks/ledger.py --to-tests DIR/ledger-cpu.json  # keep it for the replay tests (several
+                                                                # files of one kind are merged)
+    python benchmarks/ledger.py --render tests/data/ledger/*.json   # rewrite docs/ledger.md
+
+Options: --cases a,b (a subset), --reps N (default 3), --seconds S (timed seconds per run),
+--duration D (diagnosis window). Writes DIR/ledger-KIND.json (raw: every rate, every ratio, the
+report's findings), DIR/bundles/CASE.tar.gz, DIR/reports/CASE.json, and with --docs the page
+docs/ledger.md. No case starts after --budget seconds (default 540 for gpu, 720 for cpu).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+HEALTHY_MAX = 1.2            # a healthy job gives no finding above this
+QUIET = 1.1                  # a rule that stays silent claims its fix gains under this
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str                            # cpu | gpu
+    expect: str                          # the finding id that should come first
+    knobs: dict[str, Any]                # the job's settings before the fix
+    what: str                            # one line: the job and its bottleneck
+    competitors: int = 0                 # busy processes beside the job (cpu)
+    healthy: bool = False
+    apply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None   # knobs, fix knobs -> knobs
+    note: str = ""
+    reference: dict[str, Any] | None = None   # knobs of the known fix: measured when no finding gives one
+    diagnose_args: tuple[str, ...] = ()       # beyond the default run (io.small_reads needs --deep's syscalls)
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+CPU_FLAGS = {  # knob -> train_cpu flag (bools are flags)
+    "num_workers": "--num-workers", "sample_work": "--sample-work", "threads": "--threads",
+    "worker_threads": "--worker-threads", "pin_memory": "--pin-memory", "persistent_workers": "--persistent-workers",
+    "prefetch_factor": "--prefetch-factor", "small_files": "--small-files", "files_per_sample": "--files-per-sample",
+    "shard": "--shard", "record_bytes": "--record-bytes", "gil_spinner": "--gil-spinner",
+    "gil_pause_ms": "--gil-pause-ms", "epoch_samples": "--epoch-samples", "batch_size": "--batch-size",
+    "width": "--width", "depth": "--depth",
+}
+
+
+def cpu_argv(knobs: dict[str, Any]) -> list[str]:
+    argv = [PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "0", "--report-every", "0.5"]
+    for k, v in knobs.items():
+        if k.startswith("_") or v is None or v is False:
+            continue
+        flag = CPU_FLAGS[k]
+        argv += [flag] if v is True else [flag, str(v)]
+    return argv
+
+
+def gpu_argv(knobs: dict[str, Any]) -> list[str]:
+    return [PY, str(REPO / "benchmarks" / "ledger_gpu_jobs.py"), "--seconds", "0",
+            "--knobs", json.dumps(knobs)]
+
+
+def apply_knobs(knobs: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """The job's knobs with the fix's knobs applied: exactly what trainprobe printed."""
+    out = dict(knobs)
+    for k, v in fix.items():
+        if k == "intra_op_threads":
+            out["threads"] = v
+        elif k == "background_thread_holds_gil":
+            out["gil_spinner"] = bool(v)
+        elif k == "storage" and v == "shards":
+            out["shard"], out["small_files"] = out.pop("_shard", None), None
+        elif k == "other_processes_on_job_cpus":
+            out["_competitors"] = 0
+        elif k == "sample_cost_factor":
+            out["sample_work"] = int(out.get("sample_work", 0) * v)
+        elif k == "non_blocking" and "_cpu" in out:
+            continue
+        else:
+            out[k] = v
+    return out
+
+
+def cpu_cases(tmp: Path) -> list[Case]:
+    tiny = tmp / "tiny"
+    if not tiny.exists():
+        tiny.mkdir(parents=True)
+        blob = os.urandom(256)
+        for i in range(4000):
+            (tiny / f"s{i:06d}.bin").write_bytes(blob)
+        with open(tmp / "shard.bin", "wb") as fh:
+            for f in sorted(tiny.iterdir()):
+                fh.write(f.read_bytes())
+    c = {"_cpu": True}
+    return [
+        Case("inloop-loading", "cpu", "dataloader.starved", {**c, "num_workers": 0, "sample_work": 1500},
+             "num_workers=0, 1500 Python iterations per sample (decode stand-in)"),
+        Case("one-slow-worker", "cpu", "dataloader.starved", {**c, "num_workers": 1, "sample_work": 4000},
+             "1 worker whose batches take longer than the step (2 CPUs: more workers do not fit)"),
+        Case("workers-recreated", "cpu", "dataloader.starved",
+             {**c, "num_workers": 1, "sample_work": 300, "epoch_samples": 192},
+             "1 non-persistent worker, 6 batches an epoch: workers re-created every epoch"),
+        Case("gil-spinner", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True},
+             "a background thread spinning in pure Python", reference={"gil_spinner": False}),
+        Case("gil-bursts", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True, "gil_pause_ms": 0.5},
+             "a background thread holding the GIL in bursts with 0.5 ms pauses", reference={"gil_spinner": False}),
+        Case("threads-oversubscribed", "cpu", "cpu.oversubscribed", {**c, "sample_work": 0, "threads": 16},
+             "16 intra-op threads beside a busy process", competitors=1),
+        Case("workers-oversubscribed", "cpu", "cpu.oversubscribed",
+             {**c, "num_workers": 3, "sample_work": 150, "threads": 4},
+             "3 worker processes beside 4 intra-op threads on the CPUs", reference={"num_workers": 1, "threads": 1}),
+        Case("small-files", "cpu", "io.small_reads",
+             {**c, "sample_work": 0, "num_workers": 1, "files_per_sample": 64, "small_files": str(tiny),
+              "_shard": str(tmp / "shard.bin"), "record_bytes": 256},
+             "64 files of 256 bytes per sample, 1 worker (diagnosed with --deep: the syscall probe)",
+             diagnose_args=("--deep",), reference={"small_files": None, "shard": str(tmp / "shard.bin")}),
+        Case("healthy-in-memory", "cpu", "compute.bound", {**c, "sample_work": 0}, "data in memory", healthy=True),
+        Case("healthy-wide", "cpu", "compute.bound", {**c, "sample_work": 0, "width": 2048},
+             "data in memory, a wider model", healthy=True),
+        Case("healthy-fixed-loader", "cpu", "compute.bound",
+             {**c, "num_workers": 1, "sample_work": 100, "persistent_workers": True},
+             "1 persistent worker that keeps up (the demo's fixed job)", healthy=True),
+    ]
+
+
+def gpu_cases() -> list[Case]:
+    return [
+        Case("timm-starved", "gpu", "dataloader.starved",
+             {"job": "timm", "num_workers": 2, "pin_memory": False, "persistent_workers": False, "batch_size": 128},
+             "timm resnet50 (create_model, create_optimizer_v2) on torchvision FakeData, 2 workers"),
+        Case("timm-item", "gpu", "host.sync",
+             {"job": "timm", "num_workers": 14, "pin_memory": True, "persistent_workers": True, "batch_size": 128,
+              "model": "resnet18", "item_every": 1},
+             "timm resnet18, 14 workers, loss.item() every step", reference={"item_every": 100},
+             note="the workers fill the CPUs: removing .item() measured 0.90x (the loop then waits on data "
+                  "instead); host.sync stays silent when the loop also waits on its workers"),
+        Case("hf-trainer-tokenize", "gpu", "dataloader.starved",
+             {"job": "hf", "num_workers": 0, "pin_memory": True, "persistent_workers": False, "batch_size": 32},
+             "transformers Trainer, BERT from config, tokenizing in __getitem__, num_workers=0"),
+        Case("lightning-starved", "gpu", "dataloader.starved",
+             {"job": "lightning", "num_workers": 2, "pin_memory": False, "persistent_workers": False,
+              "batch_size": 64},
+             "Lightning Trainer, a LightningModule over a decode-heavy Dataset, 2 workers"),
+        Case("gan-recreated", "gpu", "dataloader.starved",
+             {"job": "gan", "num_workers": 2, "pin_memory": False, "persistent_workers": False, "batch_size": 64,
+              "epoch_samples": 1000},
+             "DCGAN-style loop on 1000-sample FakeData (16 steps an epoch), 2 non-persistent workers"),
+        Case("launch-bound", "gpu", "host.launch_bound",
+             {"job": "tiny", "item_every": 1}, "16-layer 256-wide MLP, batch 32, loss.item() every step"),
+        Case("pageable", "gpu", "h2d.pageable",
+             {"job": "h2d", "pin_memory": False, "non_blocking": False},
+             "512x3x224x224 batches copied from pageable memory"),
+        Case("healthy-gpu", "gpu", "compute.bound", {"job": "big"}, "data on the GPU, a large MLP", healthy=True),
+    ]
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+class Job:
+    def __init__(self, argv: list[str], competitors: int = 0):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env, start_new_session=True)
+        self.busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(competitors)]
+        self.points: list[tuple[float, int]] = []
+        self.tail: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.tail = (self.tail + [line])[-30:]
+            if line.startswith("PROGRESS"):
+                kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+                self.points.append((float(kv["t"]), int(kv["steps"])))
+
+    def wait_ready(self, n: int = 3, timeout: float = 300) -> None:
+        t = time.monotonic()
+        while len(self.points) < n:
+            if self.proc.poll() is not None or time.monotonic() - t > timeout:
+                self.stop()
+                raise RuntimeError("job failed to start:\n" + "".join(self.tail))
+            time.sleep(0.1)
+
+    def rate(self, seconds: float) -> float:
+        t0 = time.time()
+        time.sleep(seconds)
+        pts = [p for p in self.points if p[0] >= t0]
+        if len(pts) < 2:
+            raise RuntimeError("too few progress lines in the window:\n" + "".join(self.tail))
+        (a, na), (b, nb) = pts[0], pts[-1]
+        return (nb - na) / (b - a)
+
+    def pause(self) -> None:
+        """SIGSTOP the job's whole process group (loop and workers) and its competitors."""
+        for pid in [p.pid for p in self.busy]:
+            os.kill(pid, 19)
+        os.killpg(self.proc.pid, 19)
+
+    def resume(self, settle: float) -> None:
+        os.killpg(self.proc.pid, 18)
+        for pid in [p.pid for p in self.busy]:
+            os.kill(pid, 18)
+        time.sleep(settle)      # queues filled before the pause drain first: not measured
+
+    def stop(self) -> None:
+        for p in self.busy:
+            os.kill(p.pid, 18)
+            p.kill()
+            p.wait()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 18)
+                os.killpg(self.proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+def argv_of(case: Case, knobs: dict[str, Any]) -> list[str]:
+    return cpu_argv(knobs) if case.kind == "cpu" else gpu_argv(knobs)
+
+
+def interleaved(case: Case, before: "Job", after_knobs: dict[str, Any], reps: int, seconds: float,
+                settle: float) -> tuple[list[float], list[float]]:
+    """Rates of the job before and after the fix, alternating: each job starts once and is paused
+    (SIGSTOP, workers and competitors too) while the other one is measured."""
+    before.pause()
+    after = Job(argv_of(case, after_knobs), after_knobs.get("_competitors", case.competitors))
+    try:
+        after.wait_ready()
+        after.pause()
+        b_r, a_r = [], []
+        for _ in range(reps):
+            before.resume(settle)
+            b_r.append(before.rate(seconds))
+            before.pause()
+            after.resume(settle)
+            a_r.append(after.rate(seconds))
+            after.pause()
+        return b_r, a_r
+    finally:
+        after.stop()
+
+
+def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> tuple[dict[str, Any], Job]:
+    """The diagnosis of the job before the fix, and the job itself, still running."""
+    job = Job(argv_of(case, case.knobs), case.competitors)
+    try:
+        job.wait_ready()
+        (out / "bundles").mkdir(parents=True, exist_ok=True)
+        bundle = out / "bundles" / f"{case.name}.tar.gz"
+        r = subprocess.run([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(job.proc.pid), "--duration", str(duration),
+                            "--json", "--save", str(bundle), *case.diagnose_args, *extra], cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 180)
+        if r.returncode != 0:
+            raise RuntimeError(f"diagnose exited {r.returncode}: {r.stderr[-2000:]}")
+        (out / "reports").mkdir(parents=True, exist_ok=True)
+        (out / "reports" / f"{case.name}.json").write_text(r.stdout)
+        return json.loads(r.stdout), job
+    except BaseException:
+        job.stop()
+        raise
+
+
+def fix_knobs(finding: dict[str, Any]) -> dict[str, Any]:
+    k: dict[str, Any] = {}
+    for fx in finding.get("fixes") or []:
+        for key, v in (fx.get("knobs") or {}).items():
+            k.setdefault(key, v)
+    return k
+
+
+def run_case(case: Case, out: Path, reps: int, seconds: float, duration: float, extra: list[str],
+             settle: float = 1.0) -> dict[str, Any]:
+    t0 = time.time()
+    rep, job = diagnose(case, out, duration, extra)
+    try:
+        return _run_case(case, rep, job, reps, seconds, settle, t0)
+    finally:
+        job.stop()
+
+
+def _run_case(case: Case, rep: dict[str, Any], job: Job, reps: int, seconds: float, settle: float,
+              t0: float) -> dict[str, Any]:
+    fs = rep.get("findings") or []
+    row: dict[str, Any] = {
+        "case": case.name, "kind": case.kind, "what": case.what, "expect": case.expect, "healthy": case.healthy,
+        "knobs_before": {k: v for k, v in case.knobs.items() if not k.startswith("_")},
+        "findings": [{"id": f["id"], "expected_speedup": f["expected_speedup"],
+                      "interval": f.get("expected_speedup_interval"), "confidence": f["confidence"]} for f in fs],
+        "top": fs[0]["id"] if fs else None, "headline": rep.get("headline"),
+    }
+    row["top_correct"] = row["top"] == case.expect or (case.healthy and (row["top"] in (None, "compute.bound")))
+    if case.healthy:
+        row["max_speedup"] = max((f["expected_speedup"] for f in fs if f["id"] != "compute.bound"), default=1.0)
+        row["ok"] = row["top_correct"] and row["max_speedup"] <= HEALTHY_MAX
+        row["seconds"] = round(time.time() - t0, 1)
+        return row
+    f = next((x for x in fs if x["id"] == case.expect), None)
+    if f is None:
+        # What the job's known fix gives: if it is below 1.1x, a quiet report was right.
+        row.update(ok=False, reason=f"no {case.expect} finding")
+        if case.reference:
+            ref = {**case.knobs, **case.reference}
+            b_r, a_r = interleaved(case, job, ref, reps, seconds, settle)
+            ratios = [a / b for a, b in zip(a_r, b_r)]
+            row.update(reference_knobs=case.reference, reference_ratios=[round(x, 3) for x in ratios],
+                       reference_measured=round(statistics.median(ratios), 3))
+            if row["reference_measured"] < QUIET:
+                row.update(ok=True, top_correct=True, reason=f"no {case.expect} finding, and its known fix gives "
+                                                             f"< {QUIET:g}x")
+        return row
+    knobs = fix_knobs(f)
+    after = (case.apply or apply_knobs)(case.knobs, knobs)
+    row.update(finding=f["id"], predicted=f["expected_speedup"], interval=f.get("expected_speedup_interval"),
+               fix_knobs=knobs, knobs_after={k: v for k, v in after.items() if not k.startswith("_")},
+               fix_text=[fx.get("change") for fx in f.get("fixes") or []])
+    if after == case.knobs:
+        row.update(ok=False, reason="the fix changes no knob of this job")
+        return row
+    b_r, a_r = interleaved(case, job, after, reps, seconds, settle)
+    before_r, after_r = [round(x, 3) for x in b_r], [round(x, 3) for x in a_r]
+    ratios = [a / b for a, b in zip(a_r, b_r)]
+    med = statistics.median(ratios)
+    lo, hi = row["interval"] or (row["predicted"], row["predicted"])
+    row.update(before=before_r, after=after_r, ratios=[round(x, 3) for x in ratios], measured=round(med, 3),
+               measured_min=round(min(ratios), 3), measured_max=round(max(ratios), 3),
+               log_error=round(math.log(row["predicted"] / med), 3), in_interval=lo <= med <= hi,
+               within_band=0.8 <= row["predicted"] / med <= 1.25)
+    row["ok"] = row["top_correct"] and row["in_interval"] and row["within_band"]
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+# -- the docs page -------------------------------------------------------------------------------
+
+def render(ledgers: list[dict[str, Any]]) -> str:
+    out = ["# Validation ledger", "",
+           "Each row: a job with one bottleneck, `trainprobe diagnose` run on it, the fix it printed applied",
+           "exactly (the `knobs` of the finding's fixes), and the job's throughput measured before and after",
+           "in interleaved repetitions. `measured` is the median ratio (after/before), with the range over",
+           "the repetitions; `interval` is the finding's `expected_speedup_interval`; `predicted` is what the",
+           "current rules say on the bundle saved while the job was diagnosed (the replay tests check the same",
+           "numbers; the run's own figures are kept in the raw JSON under `at_run`). Generated by",
+           "`benchmarks/ledger.py` from the raw JSON (`tests/data/ledger/KIND.json`, which the replay tests",
+           "read); do not edit by hand. Regenerate:", "",
+           "    python benchmarks/ledger.py --kind cpu --out DIR            # a quiet machine, about 10 min",
+           "    python benchmarks/ledger.py --kind gpu --out DIR --cases ...  # one GPU, py-spy on PATH",
+           "    python benchmarks/ledger.py --to-tests DIR/ledger-cpu.json DIR/ledger-gpu.json",
+           "    python benchmarks/ledger.py --render tests/data/ledger/cpu.json tests/data/ledger/gpu.json", ""]
+    kinds = {led["meta"]["kind"] for led in ledgers}
+    if "gpu" not in kinds:
+        out += ["## GPU", "", "Not yet run on the final code: see the command above (two calls of four cases each, "
+                "each under 9 minutes on one H200).", ""]
+    for led in ledgers:
+        m = led["meta"]
+        out += [f"## {m['kind'].upper()}: {m['host']}", "",
+                f"`{m['command']}` ({m['cpus']} CPUs{', ' + m['gpu'] if m.get('gpu') else ''}; {m['reps']} "
+                f"repetitions of {m['seconds']:g} s; diagnosis window {m['duration']:g} s; {m['wall_s']:.0f} s "
+                f"in all; {m['when']})", ""]
+        if m.get("note"):
+            out += [m["note"], ""]
+        out += ["| job | top finding | predicted | interval | measured (range) | pred/meas | fix applied | ok |",
+                "|---|---|---|---|---|---|---|---|"]
+        errs = []
+        for r in led["rows"]:
+            if r.get("error"):
+                out.append(f"| {r['case']} | error | | | | | {r['error'][:80]} | no |")
+                continue
+            if r["healthy"]:
+                out.append(f"| {r['case']}: {r['what']} | {r['top']} | max {r['max_speedup']:.2f}x | | | | "
+                           f"(healthy) | {'yes' if r['ok'] else 'no'} |")
+                continue
+            if "measured" not in r:
+                ref = (f"known fix measured {r['reference_measured']:.2f}x; " if "reference_measured" in r else "")
+                out.append(f"| {r['case']}: {r['what']} | {r['top']} | {r.get('predicted', '-')} | | | | "
+                           f"{ref}{r.get('reason', '')} | {'yes' if r.get('ok') else 'no'} |")
+                continue
+            errs.append(abs(r["log_error"]))
+            iv = r["interval"] or [r["predicted"]] * 2
+            knobs = ", ".join(f"{k}={v}" for k, v in r["fix_knobs"].items())
+            if r.get("silent"):
+                knobs = f"{knobs} ({r['finding']}'s fix; {r['finding']} now stays silent: under {QUIET:g}x)"
+            pred = f"{r['predicted']:.2f}x" + (f" (no {r['finding']})" if r.get("silent") else "")
+            ivs = f"<{QUIET:g}x" if r.get("silent") else f"{iv[0]:.2f}-{iv[1]:.2f}x"
+            out.append(f"| {r['case']}: {r['what']} | {r['top']} | {pred} | {ivs} "
+                       f"| {r['measured']:.2f}x ({r['measured_min']:.2f}-{r['measured_max']:.2f}) | "
+                       f"{r['predicted'] / r['measured']:.2f} | {knobs} | {'yes' if r['ok'] else 'no'} |")
+        rows = [r for r in led["rows"] if not r.get("error")]
+        top_ok = sum(1 for r in rows if r.get("top_correct"))
+        misses = led.get("misses") or {}
+        if misses:
+            out += ["", "Rows the models do not meet yet, and why (the replay tests expect these to fail):", ""]
+            for case, whats in sorted(misses.items()):
+                for what, why in whats.items():
+                    out.append(f"- `{case}` ({what}): {why}")
+        out += ["", f"Top-1 correct: {top_ok} of {len(led['rows'])}. "
+                    + (f"Median |log(predicted/measured)|: {statistics.median(errs):.3f}. " if errs else "")
+                    + f"Healthy jobs with a finding above {HEALTHY_MAX}x: "
+                    + str(sum(1 for r in rows if r['healthy'] and r['max_speedup'] > HEALTHY_MAX)) + ".", ""]
+    return "\n".join(out) + "\n"
+
+
+def merge(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Path]]]:
+    """Ledgers of one kind written by several calls (the GPU ledger in two) joined into one: later
+    rows replace earlier ones of the same case. Returns each kind's ledger and where each case's
+    bundle lies."""
+    by_kind: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {}
+    for path in paths:
+        led = json.loads(path.read_text())
+        kind = led["meta"]["kind"]
+        if kind not in by_kind:
+            by_kind[kind] = (led, {r["case"]: path.parent / "bundles" for r in led["rows"]})
+            continue
+        old, dirs = by_kind[kind]
+        mine = {r["case"] for r in led["rows"]}
+        old["rows"] = [r for r in old["rows"] if r["case"] not in mine] + led["rows"]
+        old["meta"]["wall_s"] += led["meta"]["wall_s"]
+        old["meta"]["command"] += "; " + led["meta"]["command"]
+        dirs.update({c: path.parent / "bundles" for c in mine})
+    return list(by_kind.values())
+
+
+# Why a row the models do not meet misses (beside the figures to_tests writes): what is understood.
+MISS_WHY = {
+    "threads-oversubscribed": "16 intra-op threads on 2 CPUs: the training team's run-queue wait (r=0.79) is the "
+                              "team time-sharing useful work, so capping it at 2 threads measured 0.90x (0.85x on a "
+                              "loaded run), while the same fix measured 11.93x on an earlier job whose threads spun; "
+                              "the process probe cannot tell spinning from useful work yet (eBPF on-CPU time per "
+                              "thread could), so the 1/(1-r) model is kept and this row is not fitted",
+    "gan-recreated": "workers re-created every 16 steps hide their CPU (the process probe read 4 of the 12 worker "
+                     "PIDs in the window: D=0.55 where a loop waiting 84% on 2 workers implies 1.3-2), and a "
+                     "16-step epoch still waits for its first batch after persistent_workers=True, which the "
+                     "steady-state step leaves out; the rules also now propose more workers than the 6 measured",
+    "healthy-fixed-loader": "the loop does wait 13% on its one worker (2 CPUs leave no room for a second): the "
+                            "finding (halve the per-sample cost, 1.15x) stays under the healthy limit of 1.2x but "
+                            "ranks above compute.bound",
+}
+
+
+def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any]:
+    """Copy a ledger and its bundles to tests/data/ledger/, listing under `misses` each row the
+    current rules do not meet (re-diagnosed offline), with the reason, for tests/replay/test_ledger.py."""
+    kind = led["meta"]["kind"]
+    dst = REPO / "tests" / "data" / "ledger"
+    (dst / "bundles").mkdir(parents=True, exist_ok=True)
+    misses: dict[str, dict[str, str]] = {}
+    for r in led["rows"]:
+        b = bundle_dirs.get(r["case"], Path("/nonexistent")) / f"{r['case']}.tar.gz"
+        if r.get("error") or not b.exists():
+            continue
+        shutil.copy(b, dst / "bundles" / b.name)
+        out = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(b), "--json"], cwd=REPO, capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+        fs = json.loads(out.stdout)["findings"]
+        # The figures shown are the current rules' on the evidence saved during the run (what the
+        # replay tests check); the run's own figures are kept beside them.
+        r.setdefault("at_run", {k: r.get(k) for k in ("top", "predicted", "interval", "findings")})
+        r["findings"] = [{"id": f["id"], "expected_speedup": f["expected_speedup"],
+                          "interval": f.get("expected_speedup_interval"), "confidence": f["confidence"]} for f in fs]
+        r["top"] = fs[0]["id"] if fs else None
+        if r["healthy"]:
+            r["max_speedup"] = max((f["expected_speedup"] for f in fs if f["id"] != "compute.bound"), default=1.0)
+        f_now = next((x for x in fs if x["id"] == r.get("finding")), None)
+        if f_now is not None and "measured" in r:
+            r["predicted"], r["interval"] = f_now["expected_speedup"], f_now["expected_speedup_interval"]
+            r["log_error"] = round(math.log(r["predicted"] / r["measured"]), 3)
+        elif "measured" in r:
+            # The rule now stays silent: it estimates 1.0x and claims under QUIET.
+            r["predicted"], r["interval"] = 1.0, [0.0, QUIET]
+            r["silent"] = True
+            r["log_error"] = round(math.log(1.0 / r["measured"]), 3)
+        m: dict[str, str] = {}
+        spread = (f"the repetitions measured {min(r['ratios']):.2f}-{max(r['ratios']):.2f}x"
+                  if r.get("ratios") else "")
+        if r["healthy"]:
+            if (fs and fs[0]["id"] != "compute.bound") or any(f["expected_speedup"] > HEALTHY_MAX for f in fs):
+                m["top"] = f"a healthy job got {fs[0]['id']} at {fs[0]['expected_speedup']:.2f}x"
+        elif "measured" in r and r["measured"] < QUIET:
+            # The expected cause's own fix measured under QUIET: the right report does not claim it.
+            if any(x["id"] == r["expect"] for x in fs):
+                m["top"] = f"claims {r['expect']}, whose fix measured {r['measured']:.2f}x"
+            if r.get("silent") and r["measured"] < 0.8:
+                m["estimate"] = f"silent (1.0x) against {r['measured']:.2f}x; {spread}"
+            f = next((x for x in fs if x["id"] == r.get("finding")), None)
+            if f:
+                lo, hi = f["expected_speedup_interval"]
+                if not lo <= r["measured"] <= hi:
+                    m["interval"] = f"measured {r['measured']:.2f}x outside {lo:.2f}-{hi:.2f}x; {spread}"
+                if not 0.8 <= f["expected_speedup"] / r["measured"] <= 1.25:
+                    m["estimate"] = f"estimate {f['expected_speedup']:.2f}x against {r['measured']:.2f}x; {spread}"
+        else:
+            if not fs or fs[0]["id"] != r["expect"]:
+                ref = (f"; removing the cause measured {r['reference_measured']:.2f}x"
+                       if "reference_measured" in r else "")
+                m["top"] = f"top finding {fs[0]['id'] if fs else None}, not {r['expect']}{ref}"
+            f = next((x for x in fs if x["id"] == r.get("finding")), None)
+            if f and "measured" in r:
+                lo, hi = f["expected_speedup_interval"]
+                if not lo <= r["measured"] <= hi:
+                    m["interval"] = f"measured {r['measured']:.2f}x outside {lo:.2f}-{hi:.2f}x; {spread}"
+                if not 0.8 <= f["expected_speedup"] / r["measured"] <= 1.25:
+                    m["estimate"] = f"estimate {f['expected_speedup']:.2f}x against {r['measured']:.2f}x; {spread}"
+        if m:
+            if r["case"] in MISS_WHY:
+                m = {k: f"{MISS_WHY[r['case']]}. {v}" for k, v in m.items()}
+            misses[r["case"]] = m
+        r["top_correct"] = "top" not in m
+        r["ok"] = not m and ("measured" in r or r["healthy"] or r.get("ok", False))
+        if "measured" in r:
+            r["in_interval"], r["within_band"] = "interval" not in m, "estimate" not in m
+    led["misses"] = misses
+    (dst / f"{kind}.json").write_text(json.dumps(led, indent=1))
+    return led
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=("cpu", "gpu"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all of the kind)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (cpu 4, gpu 4)")
+    ap.add_argument("--duration", type=float, default=None, help="diagnosis window (cpu 4, gpu 5)")
+    ap.add_argument("--budget", type=float, default=None, help="no case starts after this many seconds")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds after a job resumes before it is timed")
+    ap.add_argument("--dry-run", action="store_true", help="print each case's argv before and the plan; run nothing")
+    ap.add_argument("--docs", action="store_true", help="also write docs/ledger.md from every ledger JSON under --out")
+    ap.add_argument("--render", nargs="*", default=None, help="write docs/ledger.md from these ledger JSON files")
+    ap.add_argument("--to-tests", nargs="*", default=None,
+                    help="copy these ledger JSON files and their bundles to tests/data/ledger/ (with misses)")
+    ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
+    a = ap.parse_args()
+    if a.to_tests:
+        leds = [to_tests(led, dirs) for led, dirs in merge([Path(p) for p in a.to_tests])]
+        for led in leds:
+            print(f"{led['meta']['kind']}: {len(led['rows'])} rows, misses: {json.dumps(led['misses'], indent=1)}")
+        return 0
+    if a.render is not None:
+        led = [json.loads(Path(p).read_text()) for p in a.render]
+        (REPO / "docs" / "ledger.md").write_text(render(led))
+        print(REPO / "docs" / "ledger.md")
+        return 0
+    if not a.kind:
+        ap.error("--kind is required")
+    seconds = a.seconds or 4.0
+    duration = a.duration or (4.0 if a.kind == "cpu" else 5.0)
+    budget = a.budget or (720.0 if a.kind == "cpu" else 540.0)
+    out = Path(a.out or os.environ.get("OUT") or f"ledger-{a.kind}-out")
+    tmp = Path(tempfile.mkdtemp(prefix="trainprobe-ledger-"))
+    cases = cpu_cases(tmp) if a.kind == "cpu" else gpu_cases()
+    if a.cases:
+        want = set(a.cases.split(","))
+        cases = [c for c in cases if c.name in want]
+    if a.dry_run:
+        for c in cases:
+            print(f"{c.name}: expect {c.expect}; {c.what}\n  $ {' '.join(argv_of(c, c.knobs))}")
+        start = 10 if a.kind == "cpu" else 30
+        est = sum(start + duration + 10 + (0 if c.healthy else start + a.reps * 2 * (seconds + a.settle))
+                  for c in cases)
+        print(f"{len(cases)} cases, about {est / 60:.0f} min")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    rows = []
+    for c in cases:
+        if time.time() - t_start > budget:
+            rows.append({"case": c.name, "error": "skipped: over the time budget", "healthy": c.healthy})
+            continue
+        print(f"[ledger {time.strftime('%H:%M:%S')}] {c.name}", file=sys.stderr, flush=True)
+        try:
+            rows.append(run_case(c, out, a.reps, seconds, duration, a.diagnose_args, a.settle))
+        except Exception as exc:  # noqa: BLE001 - one broken case never sinks the ledger
+            rows.append({"case": c.name, "error": f"{type(exc).__name__}: {exc}"[:2000], "healthy": c.healthy})
+        r = rows[-1]
+        print(f"  -> top {r.get('top')} predicted {r.get('predicted')} measured {r.get('measured')} "
+              f"ok {r.get('ok')} {r.get('error', '')[:200]}", file=sys.stderr, flush=True)
+    gpu = None
+    if a.kind == "gpu":
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True).stdout.strip().splitlines()[0]
+        except (OSError, IndexError):
+            gpu = None
+    led = {"meta": {"kind": a.kind, "host": os.uname().nodename, "cpus": len(os.sched_getaffinity(0)), "gpu": gpu,
+                    "reps": a.reps, "seconds": seconds, "duration": duration, "wall_s": time.time() - t_start,
+                    "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "command": "python benchmarks/ledger.py " + " ".join(sys.argv[1:])},
+           "rows": rows}
+    path = out / f"ledger-{a.kind}.json"
+    if path.exists() and a.cases:
+        # A run of some cases (a GPU ledger in two calls) replaces those rows of the earlier run.
+        old = json.loads(path.read_text())
+        mine = {r["case"] for r in rows}
+        led["rows"] = [r for r in old["rows"] if r["case"] not in mine] + rows
+        led["meta"]["wall_s"] += old["meta"].get("wall_s", 0.0)
+        led["meta"]["command"] = old["meta"]["command"] + "; " + led["meta"]["command"]
+    path.write_text(json.dumps(led, indent=1))
+    print(render([led]))
+    rows = led["rows"]
+    if a.docs:
+        leds = [json.loads(p.read_text()) for p in sorted(out.glob("ledger-*.json"))]
+        (REPO / "docs" / "ledger.md").write_text(render(leds))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
