@@ -100,6 +100,12 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
     """
     total, basis = budget_cpu_s(job, spec.window_s)
     p = Plan(total, basis, BUDGET_RSS_MB, job)
+    if enforce:
+        for pr in probes:
+            why = pr.adds_nothing(spec, job)
+            if why:
+                p.skipped[pr.name] = why
+        probes = [pr for pr in probes if pr.name not in p.skipped]
     fixed = [pr for pr in probes if not pr.adjustable]
     for pr in fixed:
         p.probes[pr.name] = pr.estimate_cost(spec, job)

@@ -359,6 +359,11 @@ class Probe:
                          + self.cost_cpu_s_per_process * extra, self.cost_rss_mb,
                          f"measured model, {extra + 1} process(es)")
 
+    def adds_nothing(self, spec: WatchSpec, job: JobShape) -> str | None:
+        """Why this probe would add no evidence on this host (the budget then leaves it out, saying
+        so; naming it with --probes runs it anyway), or None."""
+        return None
+
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
         """Adjustable probes: choose settings (in spec.options) that cost at most `cpu_s` and return
         the cost; None when no useful setting fits (the session then skips the probe, with the reason)."""

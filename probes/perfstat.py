@@ -34,7 +34,7 @@ from typing import Any
 
 from trainprobe.probes.parsers import perfparse as pp
 from trainprobe.probes.parsers import procfs
-from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.base import Availability, Capture, JobShape, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
 
 EVENTS = pp.HARDWARE_EVENTS + pp.SOFTWARE_EVENTS
@@ -196,6 +196,13 @@ class PerfStatProbe(Probe):
         problem = permission_problem(os.geteuid(), _cap_bits(procfs.try_read_text("/", "proc/self/status")),
                                      paranoid, target_uid)
         return Availability.no(problem) if problem else Availability.yes()
+
+    def adds_nothing(self, spec: WatchSpec, job: JobShape) -> str | None:
+        if core_pmus(read_pmu(spec.root)["sources"]):
+            return None
+        return ("no hardware PMU on this host (no CPU PMU under /sys/bus/event_source/devices): perf stat "
+                "would count only software events, which the process probe reads from /proc; "
+                "`--probes perfstat` runs it anyway")
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         exe = perf_binary()

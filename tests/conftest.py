@@ -31,7 +31,7 @@ def workload():
 # (../shared fixtures, captures not taken yet) and paths that exist only on other hardware
 # (an NVIDIA driver present).
 REQUIRE_LIVE_ENV = "TRAINPROBE_REQUIRE_LIVE"
-NOT_A_CAPABILITY = ("nvidia driver is present", "the no-driver path", "fixture", "captures",
+NOT_A_CAPABILITY = ("nvidia driver is present", "the no-driver path", "the no-PMU path", "fixture", "captures",
                     "not captured", "third-party sysfs", "../shared", "beside the project",
                     "this test reads the behaviour of")   # a host sysctl other than the one the test reads
 
