@@ -21,15 +21,20 @@ def clean_frame(name: str) -> str:
     return name.replace(";", ":").replace("\r", " ").replace("\n", " ")
 
 
+def _digits(s: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts superscripts such as '¹', which int() refuses."""
+    return s.isascii() and s.isdigit()
+
+
 def _is_count(s: str) -> bool:
-    if s.isdigit():
+    if _digits(s):
         return True
     a, dot, b = s.partition(".")
-    return bool(dot) and a.isdigit() and b.isdigit()
+    return bool(dot) and _digits(a) and _digits(b)
 
 
 def _count(s: str) -> int:
-    return int(s) if s.isdigit() else int(round(float(s)))
+    return int(s) if _digits(s) else int(round(float(s)))
 
 
 def _split(line: str) -> tuple[str, str | None, str] | None:
