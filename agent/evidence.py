@@ -1,7 +1,9 @@
 """Evidence: what the probes saw over one window, parsed, plus how each probe fared.
 
 Rules read only this. It is built from Captures (live or replayed from a bundle) by running each
-probe's pure parser; a parser that fails is recorded like a probe that failed.
+probe's pure parser; a parser that fails is recorded like a probe that failed. Evidence put in from
+elsewhere (a JSON document) gets the key types its probe's schema declares (probes/schema.py): a
+GPU index is an int, whichever way the evidence came.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainprobe.probes import schema
 from trainprobe.probes.base import Capture
 from trainprobe.probes.registry import probe_class
 
@@ -39,6 +42,13 @@ class Evidence:
         if text not in self.notes:
             self.notes.append(text)
 
+    def put(self, name: str, parsed: dict[str, Any]) -> None:
+        """Keep a probe's evidence, with the integer keys JSON made strings (GPU indices) given
+        back as ints where the probe's `evidence_schema` declares them."""
+        cls = probe_class(name)
+        declared = cls.evidence_schema if cls is not None else None
+        self.parsed[name] = schema.from_json(parsed, declared) if declared is not None else parsed
+
     def get(self, name: str) -> dict[str, Any] | None:
         return self.parsed.get(name)
 
@@ -63,7 +73,7 @@ def build(captures: list[Capture], context: dict[str, Any] | None = None) -> Evi
             else:
                 c0 = time.thread_time()
                 try:
-                    ev.parsed[cap.probe] = cls.parse(cap)
+                    ev.put(cap.probe, cls.parse(cap))
                 except Exception as exc:  # noqa: BLE001 - one broken parser never sinks the report
                     rec.status = "failed"
                     last = traceback.extract_tb(exc.__traceback__)[-1]

@@ -351,6 +351,9 @@ class Probe:
     # them what is left of the budget, in this order, through `fit_budget`.
     adjustable: ClassVar[bool] = False
     budget_priority: ClassVar[int] = 100
+    # The TypedDict (probes/schema.py) of what `parse` returns: tests check every replayed capture
+    # against it, and evidence read back from JSON gets its declared key types from it.
+    evidence_schema: ClassVar[Any] = None
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""

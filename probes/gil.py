@@ -26,6 +26,7 @@ from typing import Any
 
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.schema import GilEvidence
 from trainprobe.probes.errors import PermissionDenied, TargetGone, Unavailable
 from trainprobe.probes.pyspy import pyspy_availability, pyspy_binary
 from trainprobe.probes.syscalls import SYSCALLS
@@ -43,6 +44,7 @@ class GilProbe(Probe):
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
     cost = "about 10-20 ms of py-spy CPU per sample (10 Hz default); the target is never stopped"
     timeout_s = 15.0
+    evidence_schema = GilEvidence
     default_enabled = False      # 10-20% of one core while it samples: opt in with --deep
     # Its cost follows its rate: the session gives it what py-spy left of the budget (docs/cost.md).
     adjustable = True
@@ -114,7 +116,7 @@ class GilProbe(Probe):
                                  "errors": errors[-5:]})
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> GilEvidence:
         samples = [json.loads(ln) for ln in capture.artifacts["gil_samples.jsonl"].splitlines() if ln.strip()]
         return analyse(samples, capture.meta)
 

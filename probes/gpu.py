@@ -31,6 +31,7 @@ from typing import Any
 
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.schema import GpuEvidence
 from trainprobe.probes.errors import Unavailable, parser
 from trainprobe.probes.parsers.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
 from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
@@ -65,6 +66,7 @@ class GpuProbe(Probe):
     needs = ("an NVIDIA driver (libnvidia-ml.so)", "nvidia-ml-py")
     cost = "about ten NVML calls per GPU every 0.5 s; nothing attaches to the target"
     timeout_s = 10.0
+    evidence_schema = GpuEvidence
 
     def check(self, spec: WatchSpec) -> Availability:
         nv = Nvml(timeout_s=5.0)
@@ -107,7 +109,7 @@ class GpuProbe(Probe):
                                         "process_lists_every_s": PROCESS_LIST_EVERY_S}
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> GpuEvidence:
         return analyse(json.loads(capture.artifacts["nvml.json"]))
 
 

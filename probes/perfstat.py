@@ -35,6 +35,7 @@ from typing import Any
 from trainprobe.probes.parsers import perfparse as pp
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, Recorder, WatchSpec
+from trainprobe.probes.schema import PerfStatEvidence
 from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
 
 EVENTS = pp.HARDWARE_EVENTS + pp.SOFTWARE_EVENTS
@@ -180,6 +181,7 @@ class PerfStatProbe(Probe):
     cost = ("counting only: counters saved/restored at each context switch of a watched thread, and perf "
             "reading them once per interval (~10 readings per window)")
     timeout_s = 10.0
+    evidence_schema = PerfStatEvidence
     cost_cpu_s_fixed = 0.05       # measured per 10 s window, capture and parse (docs/cost.md)
     cost_cpu_s_per_process = 0.02
 
@@ -283,7 +285,7 @@ class PerfStatProbe(Probe):
             raise classify_failure(rec.capture.artifacts.get(f"{name}.stderr.txt", ""), results[name]["rc"])
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> PerfStatEvidence:
         targets = json.loads(capture.artifacts["targets.json"])
         texts = {n: capture.artifacts.get(f"{n}.perf.txt", "") for n in targets["sessions"]}
         errors = {n: capture.artifacts.get(f"{n}.stderr.txt", "") for n in targets["sessions"]}

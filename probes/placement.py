@@ -28,6 +28,7 @@ from typing import Any
 
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from trainprobe.probes.schema import PlacementEvidence
 from trainprobe.probes.errors import TargetGone, parser
 
 NODE_DIR = "sys/devices/system/node"
@@ -389,6 +390,7 @@ class PlacementProbe(Probe):
     needs = ("/proc readable for the target",)
     cost = "small: thread stat sampled ~8 times, numa_maps read once per process"
     timeout_s = 15.0
+    evidence_schema = PlacementEvidence
     cost_cpu_s_fixed = 0.03       # measured per 10 s window, capture and parse (docs/cost.md)
     cost_cpu_s_per_process = 0.01
 
@@ -418,5 +420,5 @@ class PlacementProbe(Probe):
         rec.capture.meta["overhead"] = {"proc_reads": s.reads, "samples": len(s.samples)}
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> PlacementEvidence:
         return parse_placement(json.loads(capture.artifacts["placement.json"]))

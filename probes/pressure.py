@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, TypedDict
+from typing import TypedDict
 
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.schema import PressureEvidence, Stall
 from trainprobe.probes.errors import ProbeError
 
 RESOURCES = ("cpu", "io", "memory")
@@ -24,20 +25,6 @@ class PressureLine(TypedDict):
     avg60: float
     avg300: float
     total_us: int
-
-
-class Stall(TypedDict):
-    avg10: float                     # the kernel's running averages, percent
-    avg60: float
-    avg300: float
-    stall_fraction: Optional[float]  # share of the window stalled, from the total counters
-
-
-class PressureEvidence(TypedDict):
-    window_s: Optional[float]
-    host: dict[str, dict[str, Stall]]     # resource -> "some" | "full" -> Stall
-    cgroup: dict[str, dict[str, Stall]]   # the same for the target's cgroup (cgroup v2 only)
-    cgroup_path: Optional[str]
 
 
 def parse_pressure(text: str) -> dict[str, PressureLine]:
@@ -94,6 +81,7 @@ class PressureProbe(Probe):
     needs = ("Linux 4.20+ with PSI enabled (/proc/pressure)",)
     cost = "negligible: six small /proc and cgroup reads at each end of the window"
     timeout_s = 5.0
+    evidence_schema = PressureEvidence
 
     def check(self, spec: WatchSpec) -> Availability:
         path = procfs.path(spec.root, "proc/pressure/cpu")

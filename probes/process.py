@@ -21,6 +21,7 @@ import psutil
 
 from trainprobe.probes.parsers import procfs, redact
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
@@ -82,6 +83,7 @@ class ProcessProbe(Probe):
     needs = ("/proc readable for the target",)
     cost = "negligible: two /proc snapshots and a child listing every 0.5 s"
     timeout_s = 10.0
+    evidence_schema = ProcessEvidence
     cost_cpu_s_fixed = 0.015       # measured per 10 s window, capture and parse (docs/cost.md)
     # 0.27 CPU-s per 6 s window with 14 workers on the GPU node (benchmarks/gpu_cost.py): the
     # workers' aggregate every 0.5 s reads each worker's threads.
@@ -147,7 +149,7 @@ class ProcessProbe(Probe):
         }))
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> ProcessEvidence:
         return parse_snapshots(json.loads(capture.artifacts["snapshots.json"]))
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from trainprobe.probes.parsers import procfs, pystacks, redact
 from trainprobe.probes.support import sourcelines
 from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.schema import PySpyEvidence
 from trainprobe.probes.errors import PermissionDenied, Unavailable
 from trainprobe.probes.support.target import can_ptrace, inspect
 
@@ -150,6 +151,7 @@ class PySpyProbe(Probe):
     cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.4 ms per sample of one process "
             "(0.12 CPU-s for the training process at 25 Hz over 10 s); the target is never stopped")
     timeout_s = 15.0
+    evidence_schema = PySpyEvidence
     adjustable = True
     budget_priority = 10          # the training thread's stacks come first
     min_cost_cpu_s = PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * 10 * SAMPLE_CPU_S
@@ -293,7 +295,7 @@ class PySpyProbe(Probe):
         self._add_source_lines(events, spec, rec)
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> PySpyEvidence:
         events = json.loads(capture.artifacts["chrometrace.json"])
         source = json.loads(capture.artifacts.get("source_lines.json", "{}"))
         traces = pystacks.read_chrometrace(events)

@@ -27,6 +27,7 @@ from typing import Any
 from trainprobe.probes.support import bcc_support as bs
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.schema import SchedEvidence
 from trainprobe.probes.errors import Unavailable
 
 TRACEPOINTS = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
@@ -248,6 +249,7 @@ class SchedProbe(Probe):
     # probe's schedstat readings give each thread's run-queue delay.
     default_enabled = False
     timeout_s = 20.0
+    evidence_schema = SchedEvidence
 
     def check(self, spec: WatchSpec) -> Availability:
         r = bs.readiness(TRACEPOINTS, spec.root)
@@ -257,7 +259,7 @@ class SchedProbe(Probe):
         capture_sched(spec, rec, deadline_monotonic)
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> SchedEvidence:
         return parse_sched(json.loads(capture.artifacts["sched.json"]),
                            capture.artifacts.get("proc_stat.start"), capture.artifacts.get("proc_stat.end"))
 

@@ -28,6 +28,7 @@ from typing import Any
 from trainprobe.probes.support import bcc_support as bs
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.schema import SyscallsEvidence
 from trainprobe.probes.errors import Unavailable
 from trainprobe.probes.sched import ProcessTree, read_formats, slot_bounds, _say_mount
 
@@ -295,6 +296,7 @@ class SyscallsProbe(Probe):
     cost = ("slows every syscall on the host while attached (measured: see overhead); attached at most "
             f"{DEFAULT_MAX_S:g} s")
     timeout_s = 25.0
+    evidence_schema = SyscallsEvidence
     default_enabled = False      # its tracepoint tax falls on every process: opt in with --deep
 
     def check(self, spec: WatchSpec) -> Availability:
@@ -307,7 +309,7 @@ class SyscallsProbe(Probe):
         capture_syscalls(spec, rec, deadline_monotonic)
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> SyscallsEvidence:
         return parse_syscalls(json.loads(capture.artifacts["syscalls.json"]))
 
 

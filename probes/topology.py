@@ -26,6 +26,7 @@ from trainprobe.probes.parsers import procfs
 from trainprobe.probes.parsers.hw import (PCI_VENDOR_MELLANOX, PCI_VENDOR_NVIDIA, canonical_bdf, clean, link_gbps, parse_cpumask, parse_cpus, parse_link_speed,  # noqa: F401
                        parse_link_width, pcie_gen)
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
+from trainprobe.probes.schema import TopologyEvidence
 from trainprobe.probes.errors import parser
 
 NODE_DIR = "sys/devices/system/node"
@@ -307,6 +308,7 @@ class TopologyProbe(Probe):
     needs = ("/sys readable",)
     cost = "negligible: a few hundred small sysfs reads at each end of the window"
     timeout_s = 10.0
+    evidence_schema = TopologyEvidence
     cost_cpu_s_fixed = 0.01       # measured per 10 s window, capture and parse (docs/cost.md)
 
     def check(self, spec: WatchSpec) -> Availability:
@@ -327,7 +329,7 @@ class TopologyProbe(Probe):
         rec.note("file", f"{spec.root.rstrip('/')}/{PCI_DIR}/*/current_link_{{speed,width}}", 0, t1, time.time() - t1)
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, Any]:
+    def parse(capture: Capture) -> TopologyEvidence:
         snap = json.loads(capture.artifacts["sysfs.json"])
         end = json.loads(capture.artifacts["links-end.json"]) if "links-end.json" in capture.artifacts else {}
         return parse_snapshot(snap, end)

@@ -196,7 +196,7 @@ def correlate(gpu: dict[str, Any] | None, spy: dict[str, Any] | None) -> Attribu
     parts = []
     reasons = []
     for i in targets:
-        series = util.get(i) if i in util else util.get(str(i))
+        series = util.get(i)
         per = (gpu.get("per_gpu") or {}).get(i) or {}
         a = attribute(series or [], per.get("sample_period_s") or period, spy["timeline"])
         if a.ok:

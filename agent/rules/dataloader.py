@@ -169,7 +169,7 @@ def gpu_busy_of(ev: Evidence, pid: int) -> tuple[int, float] | None:
     per = gpu.get("per_gpu") or {}
     if len(set(idx)) != 1:
         return None
-    g = per.get(idx[0]) if idx[0] in per else per.get(str(idx[0]))
+    g = per.get(idx[0])
     if not g or g.get("busy_fraction") is None:
         return None
     return idx[0], float(g["busy_fraction"])

@@ -31,7 +31,7 @@ IDLE_UTIL_PCT = 10.0          # a GPU below this mean utilisation may have lower
 
 def _gpu_util(ev: Evidence, index: Any) -> float | None:
     util = (ev.get("gpu") or {}).get("utilization") or {}
-    samples = util.get(index, util.get(str(index)))
+    samples = util.get(index)
     vals = [float(s[1]) for s in (samples or []) if len(s) > 1 and s[1] is not None]
     return sum(vals) / len(vals) if vals else None
 

@@ -14,7 +14,8 @@ DEGRADED = str(TOPO / "2s4g-degraded")
 def run(tree=DEGRADED, **parsed):
     ev = Evidence()
     ev.parsed["topology"] = read_topology(tree)
-    ev.parsed.update(parsed)
+    for name, value in parsed.items():
+        ev.put(name, value)
     findings, runs = run_rules(ev)
     assert {r.finding_id: r.status for r in runs}["pcie.degraded"] in ("fired", "quiet")
     return next((f for f in findings if f.id == "pcie.degraded"), None), ev
@@ -65,7 +66,7 @@ def test_only_the_speed_drop_of_a_busy_gpu_is_medium_confidence():
     for d in ev.parsed["topology"]["pci"]:
         if d["bdf"] == "0000:18:00.0":
             d["link"]["cur_width"] = 16
-    ev.parsed["gpu"] = {"gpus": [], "utilization": {"2": [[1.0, 90]]}}
+    ev.put("gpu", {"gpus": [], "utilization": {"2": [[1.0, 90]]}})     # as JSON has it: the index a string
     findings, _ = run_rules(ev)
     f = next(f for f in findings if f.id == "pcie.degraded")
     assert f.confidence == "medium" and set(links(f)) == {"0000:9a:00.0"}

@@ -9,6 +9,7 @@ from trainprobe.agent.findings import FINDING_IDS
 from trainprobe.agent.rules import all_rules
 from trainprobe.probes.base import Probe
 from trainprobe.probes.registry import probe_classes
+from trainprobe.probes.schema import is_typeddict
 from tests.helpers import REPO
 
 PROBES = probe_classes()
@@ -32,6 +33,7 @@ def test_probe_declares_metadata(cls):
     for meth in ("check", "capture", "parse"):
         assert getattr(cls, meth) is not getattr(Probe, meth), f"{cls.name} must implement {meth}"
     assert isinstance(inspect.getattr_static(cls, "parse"), staticmethod), "parse is a pure static function"
+    assert is_typeddict(cls.evidence_schema), f"{cls.name} declares its evidence_schema (probes/schema.py)"
 
 
 def test_rules_declare_known_ids_and_probes():
