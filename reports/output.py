@@ -249,7 +249,8 @@ def _folded(doc: ProfileDoc, stream: TextIO) -> None:
 
 
 # (kind of document, format) -> Form. Kinds: "report" (a diagnosis, docs/report-contract.md), "job"
-# (a Slurm job's merged report), "preflight", "profile" (a ProfileDoc), "watch" (watch's metrics).
+# (a Slurm job's merged report), "preflight", "profile" (a ProfileDoc), "watch" (watch's metrics),
+# "demo" (the demo's before/after summary).
 FORMS: dict[tuple[str, str], Form] = {
     ("report", "text"): Form(_text),
     ("report", "json"): Form(_json),
@@ -266,6 +267,7 @@ FORMS: dict[tuple[str, str], Form] = {
     ("profile", "speedscope"): Form(_speedscope, extensions=(".json",)),
     ("profile", "folded"): Form(_folded, extensions=(".folded", ".collapsed", ".txt")),
     ("watch", "prometheus"): Form(_watch_prometheus, private=False),            # node_exporter reads it
+    ("demo", "json"): Form(_json),
 }
 
 

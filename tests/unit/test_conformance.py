@@ -189,3 +189,17 @@ def test_the_write_check_sees_each_way_of_writing(tmp_path):
                                            "tempfile.mkstemp", "os.replace", "shutil.copy"])
     for (rel, name), why in WRITERS_ALLOWED.items():
         assert name in _writes(REPO / rel) and why, f"{rel}: {name} is allowed but no longer there"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "agent" / "commands").glob("*.py")), ids=lambda p: p.name)
+def test_commands_pick_outputs_through_reports_output(path):
+    """A command names a form (reports.output.emit/save); it never imports a renderer to choose one.
+    watch also serves its metrics over HTTP from watch_metrics' registry (a live endpoint, no file)."""
+    allowed = {"reports.output"} | ({"reports.watch_metrics"} if path.name == "watch.py" else set())
+    mods = _imports(path)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and _local(node.module) == "reports":
+            mods |= {f"reports.{a.name}" for a in node.names}
+    bad = {m for m in mods if m.startswith("reports.") and m not in allowed}
+    assert not bad, f"{path.name} imports {bad}"

@@ -37,11 +37,11 @@ WATCH = {"jobs": [{"root": 10, "job": "", "trainers": [{"pid": 10, "loop_wait_sh
                    "last_finding": None, "last_expected_speedup": None}],
          "gpus": {0: 0.2}, "samples": 4, "agent_cpu_seconds": 0.1, "trigger": "gpu-busy<0.5"}
 DOCS = {"report": dict(STARVED, visuals={}), "job": _job(), "preflight": PREFLIGHT, "profile": _profile(),
-        "watch": WATCH}
+        "watch": WATCH, "demo": {"report": STARVED, "predicted_speedup": 6.95, "measured_speedup": 6.1}}
 # What each command's options select (agent/commands/*): these forms must exist.
 USED = {("report", f) for f in ("text", "json", "html")} | {("job", f) for f in ("text", "json", "html")} \
     | {("preflight", f) for f in ("text", "text-verbose", "json", "prometheus")} \
-    | {("profile", f) for f in ("svg", "html", "speedscope", "folded")} | {("watch", "prometheus")}
+    | {("profile", f) for f in ("svg", "html", "speedscope", "folded")} | {("watch", "prometheus"), ("demo", "json")}
 
 
 def test_every_form_the_commands_use_is_declared_and_nothing_else():
