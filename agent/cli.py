@@ -41,6 +41,14 @@ class App:
         print(f"trainprobe: {_safe(msg)}", file=self.err, flush=True)
         return click.exceptions.Exit(code)
 
+    def save(self, kind: str, fmt: str, doc: object, path: str, code: int) -> None:
+        """Write one output form to the file `path` (reports.output); failing that, exit `code`."""
+        from trainprobe.reports import output
+        try:
+            output.save(kind, fmt, doc, path)
+        except OSError as exc:
+            raise self.fail(f"cannot write {path}: {exc.strerror or exc}", code) from None
+
 
 def _safe(msg: str) -> str:
     """A message may quote the target (its command line, a frame): redacted and escaped."""

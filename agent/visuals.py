@@ -4,7 +4,6 @@ so reports/html.py reads documents only.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from trainprobe.agent import profiles
@@ -79,26 +78,3 @@ def flamegraphs(ev: Evidence, captures: list[Capture]) -> tuple[list[dict[str, A
         graphs.append({"title": "DataLoader workers",
                        "missing": "no DataLoader worker was seen: with num_workers=0 batches load in the training thread"})
     return graphs, None
-
-
-def check_output(path: str) -> str | None:
-    """Before a run: the reason `path` cannot be written, or None."""
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        return f"cannot write {path}: it is a directory"
-    if not os.path.isdir(parent):
-        return f"cannot write {path}: {parent} is not a directory"
-    if not os.access(parent, os.W_OK):
-        return f"cannot write {path}: {parent} is not writable"
-    return None
-
-
-def write_html(path: str, report: dict[str, Any], ev: Evidence, captures: list[Capture]) -> None:
-    """The HTML report of one diagnosis, written atomically (a reader never sees half a file)."""
-    import io
-
-    from trainprobe.reports import html, output
-
-    buf = io.StringIO()
-    html.render(report, buf, build(ev, captures))
-    output.write(path, buf.getvalue(), private=True)

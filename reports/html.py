@@ -16,6 +16,7 @@ import math
 from typing import Any, Mapping, Sequence, TextIO
 
 from trainprobe.reports import flamegraph
+from trainprobe.reports.output import fmt_value
 
 CATEGORY_COLOURS = {
     "data_wait": "#d62728", "data_load": "#ff7f0e", "h2d_copy": "#9467bd", "host_sync": "#8c564b",
@@ -35,20 +36,6 @@ TL_RIGHT = 16
 
 def esc(x: Any) -> str:
     return html.escape("" if x is None else str(x), quote=True)
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if 0 < abs(v) <= 1.0:
-            return f"{v:.2f}"
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    if v is None:
-        return "-"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, default=str)
-    return str(v)
 
 
 def _utc(t: float | None) -> str:
@@ -154,7 +141,7 @@ def _findings(report: Mapping[str, Any]) -> list[str]:
     for i, f in enumerate(findings, 1):
         sp = float(f.get("expected_speedup") or 1.0)
         iv = f.get("expected_speedup_interval")
-        sp_s = f"{sp:.2f}x expected speedup" if sp > 1.0 else "1.0x: no host-side gain expected"
+        sp_s = f"{fmt_value(sp, 'x')} expected speedup" if sp > 1.0 else "1.0x: no host-side gain expected"
         if sp > 1.0 and iv:
             sp_s += f" (likely {iv[0]:.2f}-{iv[1]:.2f}x)"
         conf = f.get("confidence", "low")
@@ -170,7 +157,7 @@ def _findings(report: Mapping[str, Any]) -> list[str]:
             out.append("<h4>Evidence</h4><table class=\"evidence\"><tr><th>probe</th><th>fact</th><th>value</th></tr>")
             for e in ev:
                 out.append(f"<tr><td><code>{esc(e.get('probe'))}</code></td><td>{esc(e.get('fact'))}</td>"
-                           f'<td class="num">{esc(_fmt_value(e.get("value")))}</td></tr>')
+                           f'<td class="num">{esc(fmt_value(e.get("value")))}</td></tr>')
             out.append("</table>")
         fixes = f.get("fixes") or []
         if fixes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from trainprobe.reports.output import fmt_value
+
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}
 td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}td.l,th.l{text-align:left}
 tr.straggler{background:#fde8e8}.bad{color:#b00}.dim{color:#777}code{background:#f4f4f4;padding:1px 4px}
@@ -19,11 +21,7 @@ def _pct(v: Any) -> str:
     if v is None:
         return "-"
     w = max(0, min(100, int(100 * float(v))))
-    return f"{100 * float(v):.0f}%<span class=bar style='width:{w // 2}px'></span>"
-
-
-def _x(v: Any) -> str:
-    return "-" if v is None else f"{float(v):.2f}x"
+    return f"{fmt_value(float(v), '%')}<span class=bar style='width:{w // 2}px'></span>"
 
 
 def render(rep: dict[str, Any]) -> str:
@@ -32,9 +30,9 @@ def render(rep: dict[str, Any]) -> str:
     out = [f"<!doctype html><meta charset=utf-8><title>trainprobe job {esc(job['id'])}</title><style>{CSS}</style>",
            f"<h1>Slurm job {esc(job['id'])}</h1>",
            f"<p class=dim>{len(job['nodes_ok'])} of {len(job['nodes'])} node(s) reported; "
-           f"window {esc((rep.get('window') or {}).get('seconds'))} s; trainprobe {esc(rep['tool']['version'])}</p>"]
+           f"window {esc(fmt_value((rep.get('window') or {}).get('seconds')))} s; trainprobe {esc(rep['tool']['version'])}</p>"]
     sp = rep.get("job_expected_speedup")
-    out.append(f"<h2>Job expected speedup: {esc(f'{sp:.2f}x' if sp else 'none predicted')}</h2>"
+    out.append(f"<h2>Job expected speedup: {esc(fmt_value(sp, 'x') if sp else 'none predicted')}</h2>"
                f"<p class=dim>{esc(rep.get('job_speedup_bound'))}</p>")
     for s in rep.get("stragglers", []):
         out.append(f"<p><b>Straggler: node {esc(s['node'])}, rank {esc(s.get('rank'))} (PID {esc(s['pid'])})</b>: "
@@ -43,11 +41,11 @@ def render(rep: dict[str, Any]) -> str:
                "<th>collectives</th><th>host sync</th><th>GPU busy</th><th class=l>top finding</th><th>speedup</th></tr>")
     for r in rep.get("ranks", []):
         cls = " class=straggler" if (r["node"], r["pid"]) in strag else ""
-        out.append(f"<tr{cls}><td class=l>{esc(r['node'])}</td><td>{esc(r.get('rank'))}</td><td>{esc(r['pid'])}</td>"
+        out.append(f"<tr{cls}><td class=l>{esc(r['node'])}</td><td>{esc(fmt_value(r.get('rank')))}</td><td>{esc(r['pid'])}</td>"
                    f"<td>{_pct(r.get('data_share'))}</td><td>{_pct(r.get('collective_share'))}</td>"
                    f"<td>{_pct(r.get('host_sync_share'))}</td><td>{_pct(r.get('gpu_busy'))}</td>"
                    f"<td class=l>{esc('waits for ' + ', '.join(r['waits_for']) if r.get('waits_for') else (r.get('top_finding') or '-'))}</td>"
-                   f"<td>{esc(_x(r.get('expected_speedup')))}</td></tr>")
+                   f"<td>{esc(fmt_value(r.get('expected_speedup'), 'x'))}</td></tr>")
     for n in rep.get("nodes", []):
         if n["status"] != "ok":
             out.append(f"<tr><td class=l>{esc(n['node'])}</td><td colspan=8 class='l bad'>{esc(n['status'])}: "
@@ -67,12 +65,7 @@ def render(rep: dict[str, Any]) -> str:
         out.append("</ul>")
         for rep_n in (rep.get("node_reports") or {}).get(n["node"], []):
             for f in rep_n.get("findings", [])[:3]:
-                out.append(f"<p>{esc(f['id'])} ({esc(f['expected_speedup'])}x): {esc(f['title'])}</p>")
+                out.append(f"<p>{esc(f['id'])} ({esc(fmt_value(f['expected_speedup'], 'x'))}): {esc(f['title'])}</p>")
     for note in rep.get("notes", []):
         out.append(f"<p class=bad>note: {esc(note)}</p>")
     return "\n".join(out) + "\n"
-
-
-def write(rep: dict[str, Any], path: str) -> None:
-    from trainprobe.reports import output
-    output.write(path, render(rep))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, TextIO
 
+from trainprobe.reports.output import fmt_value
 from trainprobe.reports.text import Style, use_color
 
 ORDER = {"critical": 0, "warn": 1, "unknown": 2, "ok": 3}
@@ -13,10 +14,6 @@ WIDTH = 118
 def _cut(s: Any, n: int) -> str:
     s = " ".join(str("" if s is None else s).split())
     return s if len(s) <= n else s[:n - 3] + "..."
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def _status(st: Style, s: str) -> str:
@@ -46,7 +43,7 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None, ve
     def row(c: dict[str, Any], dim: bool = False) -> None:
         text = (f"{c['check']:<{widths[0]}} {_cut(c.get('target') or '', widths[1]):<{widths[1]}} "
                 f"{_cut(c['observed'], widths[2]):<{widths[2]}} {_cut(c['expected'], widths[3]):<{widths[3]}} "
-                f"{_ms(c['duration_s'])}")
+                f"{fmt_value(c['duration_s'], 's')}")
         lines.append(f"{_status(st, c['status'])}  " + (st.dim(text) if dim else text))
         if c["status"] != "ok" or verbose:
             ind = " " * 10

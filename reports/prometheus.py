@@ -2,7 +2,7 @@
 
 The exposition is made by prometheus_client (one CollectorRegistry holding a collector of this
 report, rendered by generate_latest), so its escaping and format are the client library's.
-Written atomically (a temporary file in the same directory, then rename), because node_exporter
+Written by reports.output (form ("preflight", "prometheus")): atomically, because node_exporter
 may read the directory at any moment and must never see half a file.
 """
 from __future__ import annotations
@@ -68,8 +68,3 @@ def registry(report: dict[str, Any]) -> CollectorRegistry:
 
 def render(report: dict[str, Any]) -> str:
     return generate_latest(registry(report)).decode("utf-8")
-
-
-def write(report: dict[str, Any], path: str) -> None:
-    from trainprobe.reports import output
-    output.write(path, render(report), private=False)   # node_exporter's textfile collector reads it

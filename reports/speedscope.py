@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence, TextIO
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 UNITS = ("none", "nanoseconds", "microseconds", "milliseconds", "seconds", "bytes")
+UNIT_NAMES = {"ns": "nanoseconds", "us": "microseconds", "ms": "milliseconds", "s": "seconds"}
 _PY_FRAME = re.compile(r"^(.*) \(([^()]*):(\d+)\)$")
 
 
@@ -27,6 +28,25 @@ def label_of(frame: Mapping[str, Any]) -> str:
     if frame.get("file"):
         return f"{name} ({frame['file']}:{int(frame.get('line') or 0)})".replace("\n", " ")
     return name.replace("\n", " ")
+
+
+def _is_pseudo(frame: str) -> bool:
+    return frame.startswith(("process ", "thread ("))
+
+
+def split_by_root(profile: Mapping[str, int]) -> list[tuple[str, dict[str, int]]]:
+    """One profile per process/thread root (speedscope shows one at a time), roots stripped."""
+    groups: dict[str, dict[str, int]] = {}
+    for key, n in profile.items():
+        parts = key.split(";")
+        i = 0
+        while i < len(parts) and _is_pseudo(parts[i]):
+            i += 1
+        name = " / ".join(parts[:i]) or "all threads"
+        rest = ";".join(parts[i:])
+        g = groups.setdefault(name, {})
+        g[rest] = g.get(rest, 0) + n
+    return sorted(groups.items())
 
 
 def document(profiles: Sequence[tuple[str, Mapping[str, int]]], name: str = "trainprobe profile",

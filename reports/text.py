@@ -5,6 +5,8 @@ import os
 import textwrap
 from typing import Any, TextIO
 
+from trainprobe.reports.output import fmt_value
+
 WIDTH = 100
 
 
@@ -38,16 +40,6 @@ def use_color(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty() and "NO_COLOR" not in os.environ
 
 
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        if 0 < abs(v) <= 1.0:
-            return f"{v:.2f}"
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    if v is None:
-        return "-"
-    return str(v)
-
-
 def _wrap(text: str, indent: str) -> str:
     return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
 
@@ -57,7 +49,7 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
     for i, f in enumerate(findings, 1):
         sp = f["expected_speedup"]
         iv = f.get("expected_speedup_interval")
-        sp_s = f"{sp:.2f}x" if sp > 1.0 else "1.0x (no host-side gain)"
+        sp_s = fmt_value(sp, "x") if sp > 1.0 else "1.0x (no host-side gain)"
         if sp > 1.0 and iv:
             sp_s += f" ({iv[0]:.2f}-{iv[1]:.2f}x)"
         colour = st.green if f["id"] == "compute.bound" else (st.red if sp >= 1.5 else st.yellow)
@@ -67,7 +59,7 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
         if f.get("evidence"):
             out.append("    " + st.dim("evidence"))
             for e in f["evidence"]:
-                out.append(_wrap(f"{e['probe']:<8} {e['fact']}: {_fmt_value(e['value'])}", "      "))
+                out.append(_wrap(f"{e['probe']:<8} {e['fact']}: {fmt_value(e['value'])}", "      "))
         for fx in f.get("fixes", []):
             out.append("    " + st.cyan("fix: ") + fx["title"])
             if fx.get("change"):
@@ -87,12 +79,12 @@ def _gpu_line(gpu: dict[str, Any] | None) -> str | None:
     if not gpu or gpu.get("busy_fraction") is None:
         return None
     idx = ",".join(str(i) for i in gpu.get("target_gpus") or [])
-    line = (f"GPU {idx}: {100 * gpu['busy_fraction']:.0f}% busy (NVML, "
+    line = (f"GPU {idx}: {fmt_value(gpu['busy_fraction'], '%')} busy (NVML, "
             f"{1000 * (gpu.get('sample_period_s') or 0):.0f} ms samples)")
     att = gpu.get("idle_attribution") or {}
     shares = sorted(((v, k) for k, v in (att.get("idle_share_by_cause") or {}).items() if v >= 0.01), reverse=True)
     if att.get("ok") and shares:
-        line += "; idle while the loop " + ", ".join(f"{_CAUSE_WORDS.get(k, k)} {100 * v:.0f}%" for v, k in shares[:3])
+        line += "; idle while the loop " + ", ".join(f"{_CAUSE_WORDS.get(k, k)} {fmt_value(v, '%')}" for v, k in shares[:3])
     return line
 
 

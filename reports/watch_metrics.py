@@ -1,9 +1,11 @@
 """Prometheus view of `trainprobe watch`'s document, through prometheus_client (its exposition
-format and its textfile writer; no hand-written format)."""
+format; no hand-written format). The same registry serves the HTTP endpoint and, rendered once per
+sample, node_exporter's textfile."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "trainprobe_watch"
@@ -67,3 +69,23 @@ def families(doc: dict[str, Any]) -> Iterator[Any]:
     yield CounterMetricFamily(f"{PREFIX}_agent_cpu_seconds", "CPU time the watch agent itself used.",
                               value=float(doc["agent_cpu_seconds"]))
     yield CounterMetricFamily(f"{PREFIX}_samples", "Samples taken.", value=float(doc["samples"]))
+
+
+class WatchCollector:
+    """The gauges of the watch document, taken anew (`snapshot()`) at each collection."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        return families(self.snapshot())
+
+
+def registry(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(WatchCollector(snapshot))
+    return reg
+
+
+def render(doc: dict[str, Any]) -> str:
+    return generate_latest(registry(lambda: doc)).decode("utf-8")

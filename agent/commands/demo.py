@@ -126,7 +126,7 @@ def command(app: App, duration: float, measure_s: float, as_json: bool, no_redia
     """Diagnose a bundled starved training job, apply the proposed fix, and compare prediction and measurement."""
     from trainprobe.agent import diagnosis
     from trainprobe.agent.target import UserError
-    from trainprobe.reports import jsonout, text
+    from trainprobe.reports import output
 
     out = app.out
     say = app.progress
@@ -146,7 +146,7 @@ def command(app: App, duration: float, measure_s: float, as_json: bool, no_redia
             raise app.fail(str(exc), exc.exit_code) from None
         summary["report"] = d.report
         if not as_json:
-            text.render(d.report, out)
+            output.emit("report", "text", d.report, out)
     finally:
         job.stop()
     top = next((f for f in d.report["findings"] if f["id"] == "dataloader.starved"), None)
@@ -154,7 +154,7 @@ def command(app: App, duration: float, measure_s: float, as_json: bool, no_redia
         msg = "trainprobe did not propose DataLoader settings for the demo job: nothing to compare"
         if as_json:
             summary["result"] = msg
-            jsonout.render(summary, out)
+            output.emit("demo", "json", summary, out)
         else:
             out.write("\n" + msg + "\n")
         raise click.exceptions.Exit(1)
@@ -177,7 +177,7 @@ def command(app: App, duration: float, measure_s: float, as_json: bool, no_redia
     summary.update({"predicted_speedup": predicted, "measured_speedup": round(measured, 3),
                     "prediction_error": round(predicted / measured - 1.0, 3) if measured else None})
     if as_json:
-        jsonout.render(summary, out)
+        output.emit("demo", "json", summary, out)
         return
     label = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     out.write("\n")

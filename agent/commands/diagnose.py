@@ -53,6 +53,7 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     from trainprobe.agent import diagnosis
     from trainprobe.agent.commands.report import check_outputs, write_outputs
     from trainprobe.probes.registry import probe_classes
+    from trainprobe.reports import output
 
     known = {c.name for c in probe_classes()}
     unknown = [n for n in _names(only) + _names(skip) if n not in known]
@@ -75,12 +76,7 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     except UserError as exc:
         raise app.fail(str(exc), exc.exit_code) from None
     write_outputs(app, d.report, d.evidence, d.captures, d.context, save_path, html_path)
-    if as_json:
-        from trainprobe.reports import jsonout
-        jsonout.render(d.report, app.out)
-    else:
-        from trainprobe.reports import text
-        text.render(d.report, app.out)
+    output.emit("report", "json" if as_json else "text", d.report, app.out)
     if d.exit_code == EXIT_INTERRUPTED:
         raise app.fail(f"interrupted after {d.report['window']['seconds']:.1f} s; reported what was gathered",
                        d.exit_code)

@@ -7,46 +7,14 @@ draws the change since a saved profile.
 """
 from __future__ import annotations
 
-import os
-
 import click
 
 from trainprobe.agent.cli import App, redact_option
 from trainprobe.agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
+from trainprobe.reports import output
 
-FORMATS = ("svg", "html", "speedscope", "folded")
-EXTENSIONS = {".svg": "svg", ".html": "html", ".htm": "html", ".json": "speedscope", ".folded": "folded",
-              ".collapsed": "folded", ".txt": "folded"}
+FORMATS = output.formats("profile")
 EXIT_FAILED = 1
-
-
-def format_for(fmt: str | None, output: str | None) -> str:
-    if fmt:
-        return fmt
-    if output:
-        ext = os.path.splitext(output)[1].lower()
-        if ext in EXTENSIONS:
-            return EXTENSIONS[ext]
-    return "svg"
-
-
-def _is_pseudo(frame: str) -> bool:
-    return frame.startswith(("process ", "thread ("))
-
-
-def split_by_root(profile: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
-    """One profile per process/thread root (speedscope shows one at a time), roots stripped."""
-    groups: dict[str, dict[str, int]] = {}
-    for key, n in profile.items():
-        parts = key.split(";")
-        i = 0
-        while i < len(parts) and _is_pseudo(parts[i]):
-            i += 1
-        name = " / ".join(parts[:i]) or "all threads"
-        rest = ";".join(parts[i:])
-        g = groups.setdefault(name, {})
-        g[rest] = g.get(rest, 0) + n
-    return sorted(groups.items())
 
 
 def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, threads: bool,
@@ -99,7 +67,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
 @click.option("--duration", type=click.FloatRange(0.5, 600.0), default=10.0, show_default=True,
               help="Seconds to sample.")
 @click.option("--rate", type=click.IntRange(1, 500), default=25, show_default=True, help="Samples per second.")
-@click.option("-o", "--output", metavar="FILE", default=None, help="Write here (default: stdout).")
+@click.option("-o", "--output", "output_path", metavar="FILE", default=None, help="Write here (default: stdout).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Output format. Default: from the extension of -o (.svg .html .json .folded), else svg.")
 @click.option("--threads", is_flag=True, help="One root per thread instead of merging the threads.")
@@ -113,21 +81,21 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
 @click.option("--title", default=None, help="Title of the graph.")
 @redact_option
 @click.pass_obj
-def command(app: App, pid: int | None, input_path: str | None, duration: float, rate: int, output: str | None,
+def command(app: App, pid: int | None, input_path: str | None, duration: float, rate: int, output_path: str | None,
             fmt: str | None, threads: bool, subprocesses: bool, native: bool, diff_path: str | None,
             title: str | None) -> None:
     """Sample a training process and write its flame graph (SVG, HTML, speedscope or folded)."""
-    from trainprobe.agent import profiles, visuals
+    from trainprobe.agent import profiles
 
-    fmt = format_for(fmt, output)
+    fmt = output.format_for("profile", fmt, output_path, default="svg")
     if pid is not None and input_path:
         raise app.fail("give either --pid (sample a process) or --input (draw a saved profile), not both",
                        EXIT_BAD_INPUT)
     if diff_path and fmt == "speedscope":
         raise app.fail("--diff draws a differential flame graph: use --format svg, html, or folded "
                        "(two counts per line)", EXIT_BAD_INPUT)
-    if output:
-        why = visuals.check_output(output)
+    if output_path:
+        why = output.check_path(output_path)
         if why:
             raise app.fail(why, EXIT_BAD_INPUT)
     before = None
@@ -150,40 +118,17 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
     if before is not None:
         sub = (sub + "; " if sub else "") + f"before: {before_desc}"
     from trainprobe.probes.parsers import redact
-    text = render(prof, fmt, redact.text(graph_title), redact.text(sub), before)
-    if output:
-        from trainprobe.reports import output as out_file
-        try:
-            out_file.write(output, text, private=True)
-        except OSError as exc:
-            raise app.fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
-        app.progress(f"wrote {fmt} to {output}: {len(prof)} distinct stacks, {sum(prof.values()) / 1e6:.2f} s")
+    doc: output.ProfileDoc = {"profile": prof, "title": redact.text(graph_title), "subtitle": redact.text(sub),
+                              "unit": profiles.UNIT, "before": before, "exporter": f"trainprobe@{_version()}"}
+    if output_path:
+        app.save("profile", fmt, doc, output_path, EXIT_BAD_INPUT)
+        app.progress(f"wrote {fmt} to {output_path}: {len(prof)} distinct stacks, {sum(prof.values()) / 1e6:.2f} s")
     else:
-        app.out.write(text)
+        output.emit("profile", fmt, doc, app.out)
         if hasattr(app.out, "flush"):
             app.out.flush()
     if interrupted:
         raise app.fail("interrupted: drew what was sampled until then", EXIT_INTERRUPTED)
-
-
-def render(prof: dict[str, int], fmt: str, title: str, sub: str, before: dict[str, int] | None) -> str:
-    import io
-
-    from trainprobe.agent.profiles import UNIT
-    from trainprobe.reports import flamegraph, folded, html, speedscope
-
-    if fmt == "folded":
-        return folded.dumps_diff(before, prof) if before is not None else folded.dumps(prof)
-    if fmt == "speedscope":
-        buf = io.StringIO()
-        speedscope.write(split_by_root(prof), buf, name=title, unit="microseconds",
-                         exporter=f"trainprobe@{_version()}")
-        return buf.getvalue()
-    if fmt == "html":
-        buf = io.StringIO()
-        html.render_flamegraph_page(prof, buf, title, sub, unit=UNIT, before=before)
-        return buf.getvalue()
-    return flamegraph.render(prof, title=title, subtitle=sub, unit=UNIT, before=before).svg
 
 
 def _version() -> str:

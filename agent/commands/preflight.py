@@ -115,28 +115,19 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
         except OSError as exc:
             raise app.fail(f"cannot write {save_raw}: {exc.strerror}", BAD_INPUT) from None
     if prom_file:
-        from trainprobe.reports import prometheus
-        try:
-            prometheus.write(rep, prom_file)
-        except OSError as exc:
-            raise app.fail(f"cannot write {prom_file}: {exc.strerror}", BAD_INPUT) from None
+        app.save("preflight", "prometheus", rep, prom_file, BAD_INPUT)
+    from trainprobe.reports import output
     if slurm:
         line = rep["drain_reason"] or _slurm_summary(rep)
         if as_json:
-            from trainprobe.reports import jsonout
-            jsonout.render(rep, app.out)
+            output.emit("preflight", "json", rep, app.out)
             print(line, file=app.err)
         else:
             if verbose:
-                from trainprobe.reports import preflight_text
-                preflight_text.render(rep, app.err, verbose=True)
+                output.emit("preflight", "text-verbose", rep, app.err)
             print(line, file=app.out)
-    elif as_json:
-        from trainprobe.reports import jsonout
-        jsonout.render(rep, app.out)
     else:
-        from trainprobe.reports import preflight_text
-        preflight_text.render(rep, app.out, verbose=verbose)
+        output.emit("preflight", "json" if as_json else "text-verbose" if verbose else "text", rep, app.out)
     code = rep["exit_code"]
     if abandoned:
         # A read is stuck in the kernel or the driver: do not let interpreter shutdown wait on it.

@@ -16,7 +16,8 @@ from trainprobe.agent.target import EXIT_BAD_INPUT
 
 def check_outputs(app: App, save_path: str | None, html_path: str | None) -> None:
     """Refuse unwritable output paths before a window is spent watching the job."""
-    from trainprobe.agent import bundle, visuals
+    from trainprobe.agent import bundle
+    from trainprobe.reports import output
 
     if save_path:
         try:
@@ -24,7 +25,7 @@ def check_outputs(app: App, save_path: str | None, html_path: str | None) -> Non
         except bundle.BundleError as exc:
             raise app.fail(str(exc), EXIT_BAD_INPUT) from None
     if html_path:
-        why = visuals.check_output(html_path)
+        why = output.check_path(html_path)
         if why:
             raise app.fail(why, EXIT_BAD_INPUT)
 
@@ -40,10 +41,8 @@ def write_outputs(app: App, report: dict[str, Any], ev: Any, captures: list, con
             raise app.fail(str(exc), EXIT_BAD_INPUT) from None
         app.progress(f"saved the raw evidence to {save_path} (re-diagnose with `trainprobe report {save_path}`)")
     if html_path:
-        try:
-            visuals.write_html(html_path, report, ev, captures)
-        except OSError as exc:
-            raise app.fail(f"cannot write {html_path}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+        # The page draws the timeline and flame graphs (visuals) beside the report's findings.
+        app.save("report", "html", dict(report, visuals=visuals.build(ev, captures)), html_path, EXIT_BAD_INPUT)
         app.progress(f"wrote the HTML report to {html_path}")
 
 
@@ -61,6 +60,7 @@ def _finding_ids(report: dict[str, Any] | None) -> list[str]:
 def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) -> None:
     """Re-diagnose a bundle saved by `diagnose --save`, offline."""
     from trainprobe.agent import bundle, diagnosis
+    from trainprobe.reports import output
 
     check_outputs(app, None, html_path)
     from trainprobe.agent.fleet import jobbundle
@@ -92,9 +92,4 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
                             f"trainprobe {b.tool_version} and this one)")
     if html_path:
         write_outputs(app, rep, ev, b.captures, b.context, None, html_path)
-    if as_json:
-        from trainprobe.reports import jsonout
-        jsonout.render(rep, app.out)
-    else:
-        from trainprobe.reports import text
-        text.render(rep, app.out)
+    output.emit("report", "json" if as_json else "text", rep, app.out)

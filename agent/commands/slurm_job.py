@@ -22,17 +22,18 @@ def run_local(app: App, job_id: str, duration: float, rate: int, only: tuple[str
 def run_job(app: App, job_id: str, nodes: tuple[str, ...], duration: float, rate: int, only: tuple[str, ...],
             skip: tuple[str, ...], deep: bool, as_json: bool, save_path: str | None, html_path: str | None,
             node_timeout: float | None) -> int:
-    from trainprobe.agent import bundle, visuals
+    from trainprobe.agent import bundle
     from trainprobe.agent.fleet import fanout, jobbundle
     from trainprobe.agent.fleet.merge import merge
+    from trainprobe.reports import output
 
     if save_path:
         try:
             jobbundle.check_target(save_path)
         except bundle.BundleError as exc:
             raise app.fail(str(exc), EXIT_BAD_INPUT) from None
-    if html_path and visuals.check_output(html_path):
-        raise app.fail(visuals.check_output(html_path), EXIT_BAD_INPUT)
+    if html_path and output.check_path(html_path):
+        raise app.fail(output.check_path(html_path), EXIT_BAD_INPUT)
     try:
         job_nodes = fanout.job_nodes(job_id)
         if nodes:
@@ -69,16 +70,9 @@ def run_job(app: App, job_id: str, nodes: tuple[str, ...], duration: float, rate
 
 
 def render(app: App, rep: dict[str, Any], as_json: bool, html_path: str | None) -> None:
+    from trainprobe.reports import output
+
     if html_path:
-        from trainprobe.reports import job_html
-        try:
-            job_html.write(rep, html_path)
-        except OSError as exc:
-            raise app.fail(f"cannot write {html_path}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+        app.save("job", "html", rep, html_path, EXIT_BAD_INPUT)
         app.progress(f"wrote the HTML job report to {html_path}")
-    if as_json:
-        from trainprobe.reports import jsonout
-        jsonout.render(rep, app.out)
-    else:
-        from trainprobe.reports import job_text
-        job_text.render(rep, app.out)
+    output.emit("job", "json" if as_json else "text", rep, app.out)

@@ -39,10 +39,10 @@ def command(app: App, listen: str, textfile: str | None, interval: float, trigge
             diagnose_seconds: float, cooldown: float, bundle_dir: str, keep: int, max_disk_mb: float,
             pids: tuple[int, ...], no_diagnose: bool, duration: float) -> None:
     """Follow every training process on this node; export Prometheus metrics; diagnose starved jobs."""
-    from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+    from prometheus_client import start_http_server
 
     from trainprobe.agent import watch
-    from trainprobe.reports import watch_metrics
+    from trainprobe.reports import output, watch_metrics
 
     try:
         watch.parse_trigger(trigger)
@@ -52,12 +52,7 @@ def command(app: App, listen: str, textfile: str | None, interval: float, trigge
                       cooldown_s=cooldown, bundle_dir=bundle_dir, keep=keep, max_disk_mb=max_disk_mb,
                       only=set(pids) or None, root=app.root, progress=app.progress, diagnose=not no_diagnose)
 
-    class Collector:
-        def collect(self):
-            return watch_metrics.families(watch.snapshot(w))
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector())
+    registry = watch_metrics.registry(lambda: watch.snapshot(w))
     if listen and listen.lower() != "none":
         host, _, port = listen.rpartition(":")
         try:
@@ -71,9 +66,9 @@ def command(app: App, listen: str, textfile: str | None, interval: float, trigge
     def on_sample() -> None:
         if textfile:
             try:
-                write_to_textfile(textfile, registry)
+                output.save("watch", "prometheus", watch.snapshot(w), textfile)
             except OSError as exc:
-                app.progress(f"cannot write {textfile}: {exc}")
+                app.progress(f"cannot write {textfile}: {exc.strerror or exc}")
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -91,9 +91,8 @@ def test_speedscope_frames_carry_file_and_line():
 
 
 def test_speedscope_one_profile_per_root_and_shared_frames():
-    from trainprobe.agent.commands.flamegraph import split_by_root
     prof = real("fixed", threads=True, subprocesses=True)
-    groups = split_by_root(prof)
+    groups = speedscope.split_by_root(prof)
     doc = speedscope.document(groups)
     validate_speedscope(doc)
     assert len(doc["profiles"]) == len(groups) > 13

@@ -398,11 +398,11 @@ def test_drain_reason_is_one_prefixed_line():
 def test_prometheus_file_parses(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trainprobe.reports import prometheus
+    from trainprobe.reports import output
     recs = run_gpu(gpu_read_from_smi(edit(SMI_Q, "Link Width", "Current", "8x")))
     rep = preport.build(h200_raw(), list(recs.values()), profiles.load("h200-1gpu"), False, 0.5)
     path = tmp_path / "trainprobe.prom"
-    prometheus.write(rep, str(path))
+    output.save("preflight", "prometheus", rep, str(path))
     fams = {f.name: f for f in text_string_to_metric_families(path.read_text())}
     st = {(s.labels["check"], s.labels["target"]): s.value for s in fams["trainprobe_preflight_check_status"].samples}
     assert st[("gpu.pcie_link", "gpu0")] == 2.0 and st[("gpu.ecc", "gpu0")] == 0.0
@@ -411,7 +411,8 @@ def test_prometheus_file_parses(tmp_path):
     assert vals["gpu.pcie_link"].value == 8.0 and vals["gpu.pcie_link"].labels["unit"] == "lanes"
     assert fams["trainprobe_preflight_status"].samples[0].value == 2.0
     assert fams["trainprobe_preflight_exit_code"].samples[0].value == 2.0
-    assert not list(tmp_path.glob(".preflight-*"))      # the temporary file was renamed, not left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["trainprobe.prom"]   # the temporary file was renamed
+    assert path.stat().st_mode & 0o777 == 0o644                          # node_exporter reads it
 
 
 def test_the_exposition_is_prometheus_clients():

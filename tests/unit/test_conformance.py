@@ -123,3 +123,85 @@ def test_tests_and_benchmarks_never_import_each_other():
             assert not any(m.split(".")[0] == other for m in mods), f"{path.relative_to(REPO)} imports {other}"
             text = path.read_text()
             assert f'/ "{other}"))' not in text and f"sys.path.insert(0, str(REPO / \"{other}\"" not in text, path
+
+
+# Calls that put bytes on disk other than through reports/output.py (mkstemp, fsync, rename: whole
+# files, private modes, /dev/null and pipes handled). (file, call) -> why it may stay.
+WRITERS_ALLOWED = {
+    ("agent/bundle.py", "tarfile.open"): "builds the .tar.gz in memory (fileobj=BytesIO); output.write puts it on disk",
+}
+_WRITE_CALLS = {"write_text", "write_bytes", "write_to_textfile", "mkstemp", "NamedTemporaryFile", "replace",
+                "rename", "copy", "copy2", "copyfile", "move"}
+_WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
+
+
+def _call_name(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        base = _call_name(func.value)
+        return f"{base}.{func.attr}" if base else func.attr
+    return ""
+
+
+def _opens_for_writing(call: ast.Call) -> bool:
+    """open()/tarfile.open()/os.fdopen() with a mode that writes, or one that cannot be read here."""
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    if mode is None:
+        return False
+    if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)):
+        return True
+    return bool(set(mode.value) & set("wax+"))
+
+
+def _writes(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _call_name(node.func)
+        last = name.rsplit(".", 1)[-1]
+        if name == "os.open":
+            flags = {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)} if len(node.args) > 1 else set()
+            if flags & _WRITE_FLAGS:
+                found.append(name)
+        elif last in ("open", "fdopen") and _opens_for_writing(node):
+            found.append(name)
+        elif last in _WRITE_CALLS and (last not in ("replace", "rename", "copy", "move") or name.startswith(("os.", "shutil."))):
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(p for folder in ("agent", "reports") for p in (REPO / folder).rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_files_are_written_only_through_reports_output(path):
+    rel = str(path.relative_to(REPO))
+    if rel == "reports/output.py":
+        return
+    bad = [name for name in _writes(path) if (rel, name) not in WRITERS_ALLOWED]
+    assert not bad, f"{rel} writes a file with {bad}: use reports.output (write, save, make_dir)"
+
+
+def test_the_write_check_sees_each_way_of_writing(tmp_path):
+    src = tmp_path / "w.py"
+    src.write_text("import os, shutil, tarfile, tempfile\nopen(p, 'w')\nopen(p, mode='ab')\nopen(p)\n"
+                   "os.open(p, os.O_WRONLY | os.O_CREAT)\nos.open(p, os.O_RDONLY)\nPath(p).write_text('x')\n"
+                   "tarfile.open(p, 'w:gz')\ntempfile.mkstemp()\nos.replace(a, b)\nshutil.copy(a, b)\ns.replace('a', 'b')\n")
+    assert sorted(_writes(src)) == sorted(["open", "open", "os.open", "write_text", "tarfile.open",
+                                           "tempfile.mkstemp", "os.replace", "shutil.copy"])
+    for (rel, name), why in WRITERS_ALLOWED.items():
+        assert name in _writes(REPO / rel) and why, f"{rel}: {name} is allowed but no longer there"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "agent" / "commands").glob("*.py")), ids=lambda p: p.name)
+def test_commands_pick_outputs_through_reports_output(path):
+    """A command names a form (reports.output.emit/save); it never imports a renderer to choose one.
+    watch also serves its metrics over HTTP from watch_metrics' registry (a live endpoint, no file)."""
+    allowed = {"reports.output"} | ({"reports.watch_metrics"} if path.name == "watch.py" else set())
+    mods = _imports(path)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and _local(node.module) == "reports":
+            mods |= {f"reports.{a.name}" for a in node.names}
+    bad = {m for m in mods if m.startswith("reports.") and m not in allowed}
+    assert not bad, f"{path.name} imports {bad}"
