@@ -46,60 +46,70 @@ def distance(ev: Evidence, a: int, b: int) -> int | None:
     return row[j] if j < len(row) else None
 
 
-def gpu_table(ev: Evidence) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every GPU with its index, PCI address, NUMA node and where that node came from, joining
-    sysfs and NVML by bus id; plus a line for every disagreement between the two."""
+def _joined(ev: Evidence, notes: list[str]) -> list[dict[str, Any]]:
+    """NVML's GPUs joined to sysfs's by bus id (a note for each one only one side sees); without
+    NVML, sysfs's GPUs indexed in PCI bus order."""
     topo = ev.get("topology") or {}
     nv = (ev.get("gpu") or {}).get("gpus") or []
     sys_gpus = sorted((d for d in topo.get("pci", []) if d["kind"] == "gpu"), key=lambda d: d["bdf"])
+    if not nv:
+        return [{"index": i, "bdf": s["bdf"], "name": None, "uuid": None, "sysfs": s, "nvml": None,
+                 "index_source": "PCI bus order (no NVML)"} for i, s in enumerate(sys_gpus)]
     by_bdf = {d["bdf"]: d for d in sys_gpus}
-    ncpus = node_cpus(ev)
-    cpu_nodes_ = [n for n, c in ncpus.items() if c]
-    notes: list[str] = []
     rows: list[dict[str, Any]] = []
-    if nv:
-        for g in nv:
-            bdf = canonical_bdf(g.get("bus_id"))
-            s = by_bdf.get(bdf or "")
-            rows.append({"index": g.get("index"), "bdf": bdf or g.get("bus_id"), "name": g.get("name"),
-                         "uuid": g.get("uuid"), "sysfs": s, "nvml": g, "index_source": "NVML"})
-            if topo and s is None:
-                notes.append(f"NVML's GPU {g.get('index')} ({g.get('bus_id')}) is not under /sys/bus/pci/devices "
-                             "(a container without the host's /sys?): its locality comes from NVML alone")
-        seen = {r["bdf"] for r in rows}
-        for s in sys_gpus:
-            if s["bdf"] not in seen:
-                notes.append(f"sysfs lists an NVIDIA GPU at {s['bdf']} that NVML does not report "
-                             "(driver not bound, or the GPU has fallen off the bus)")
-    else:
-        for i, s in enumerate(sys_gpus):
-            rows.append({"index": i, "bdf": s["bdf"], "name": None, "uuid": None, "sysfs": s, "nvml": None,
-                         "index_source": "PCI bus order (no NVML)"})
+    for g in nv:
+        bdf = canonical_bdf(g.get("bus_id"))
+        s = by_bdf.get(bdf or "")
+        rows.append({"index": g.get("index"), "bdf": bdf or g.get("bus_id"), "name": g.get("name"),
+                     "uuid": g.get("uuid"), "sysfs": s, "nvml": g, "index_source": "NVML"})
+        if topo and s is None:
+            notes.append(f"NVML's GPU {g.get('index')} ({g.get('bus_id')}) is not under /sys/bus/pci/devices "
+                         "(a container without the host's /sys?): its locality comes from NVML alone")
+    seen = {r["bdf"] for r in rows}
+    for s in sys_gpus:
+        if s["bdf"] not in seen:
+            notes.append(f"sysfs lists an NVIDIA GPU at {s['bdf']} that NVML does not report "
+                         "(driver not bound, or the GPU has fallen off the bus)")
+    return rows
+
+
+def _place(r: dict[str, Any], ncpus: dict[int, list[int]], notes: list[str]) -> None:
+    """Set a GPU row's NUMA node and where it came from; note where sysfs and NVML disagree."""
+    s, g = r["sysfs"], r["nvml"]
+    cpu_nodes_ = [n for n, c in ncpus.items() if c]
+    sys_node = s["numa_node"] if s else None
+    nv_node = g.get("numa_node") if g else None
+    nv_cpus = set(cpulist(g.get("cpu_affinity"))) if g and g.get("cpu_affinity") else set()
+    node, source = None, None
+    if sys_node is not None:
+        node, source = sys_node, "sysfs numa_node"
+        if nv_node is not None and nv_node != sys_node:
+            notes.append(f"GPU {r['index']} ({r['bdf']}): sysfs says NUMA node {sys_node}, NVML says {nv_node}")
+    elif nv_node is not None and nv_node in ncpus and (not nv_cpus or nv_cpus <= set(ncpus[nv_node])):
+        node, source = nv_node, "NVML (sysfs numa_node is -1)" if s else "NVML"
+    elif len(cpu_nodes_) == 1:
+        node, source = cpu_nodes_[0], "the host's only node with CPUs"
+    if s and g and s.get("local_cpulist") and nv_cpus and set(cpulist(s["local_cpulist"])) != nv_cpus:
+        notes.append(f"GPU {r['index']} ({r['bdf']}): sysfs local_cpulist {s['local_cpulist']} differs from "
+                     f"NVML's CPU affinity {procfs.format_cpulist(sorted(nv_cpus))}")
+    mem_aff = g.get("memory_affinity") if g else None
+    if mem_aff not in (None, "") and node is not None:
+        mem_nodes = set(cpulist(mem_aff)) if isinstance(mem_aff, str) else set(mem_aff)
+        if mem_nodes and node not in mem_nodes:
+            notes.append(f"GPU {r['index']} ({r['bdf']}): NVML's memory affinity (nodes "
+                         f"{procfs.format_cpulist(sorted(mem_nodes))}) does not include node {node}")
+    r["node"], r["node_source"] = node, source
+    r["sysfs_numa_node_reported"] = s.get("numa_node_reported") if s else None
+
+
+def gpu_table(ev: Evidence) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every GPU with its index, PCI address, NUMA node and where that node came from, joining
+    sysfs and NVML by bus id; plus a line for every disagreement between the two."""
+    notes: list[str] = []
+    rows = _joined(ev, notes)
+    ncpus = node_cpus(ev)
     for r in rows:
-        s, g = r["sysfs"], r["nvml"]
-        sys_node = s["numa_node"] if s else None
-        nv_node = g.get("numa_node") if g else None
-        nv_cpus = set(cpulist(g.get("cpu_affinity"))) if g and g.get("cpu_affinity") else set()
-        node, source = None, None
-        if sys_node is not None:
-            node, source = sys_node, "sysfs numa_node"
-            if nv_node is not None and nv_node != sys_node:
-                notes.append(f"GPU {r['index']} ({r['bdf']}): sysfs says NUMA node {sys_node}, NVML says {nv_node}")
-        elif nv_node is not None and nv_node in ncpus and (not nv_cpus or nv_cpus <= set(ncpus[nv_node])):
-            node, source = nv_node, "NVML (sysfs numa_node is -1)" if s else "NVML"
-        elif len(cpu_nodes_) == 1:
-            node, source = cpu_nodes_[0], "the host's only node with CPUs"
-        if s and g and s.get("local_cpulist") and nv_cpus and set(cpulist(s["local_cpulist"])) != nv_cpus:
-            notes.append(f"GPU {r['index']} ({r['bdf']}): sysfs local_cpulist {s['local_cpulist']} differs from "
-                         f"NVML's CPU affinity {procfs.format_cpulist(sorted(nv_cpus))}")
-        mem_aff = g.get("memory_affinity") if g else None
-        if mem_aff not in (None, "") and node is not None:
-            mem_nodes = set(cpulist(mem_aff)) if isinstance(mem_aff, str) else set(mem_aff)
-            if mem_nodes and node not in mem_nodes:
-                notes.append(f"GPU {r['index']} ({r['bdf']}): NVML's memory affinity (nodes "
-                             f"{procfs.format_cpulist(sorted(mem_nodes))}) does not include node {node}")
-        r["node"], r["node_source"] = node, source
-        r["sysfs_numa_node_reported"] = s.get("numa_node_reported") if s else None
+        _place(r, ncpus, notes)
     return rows, notes
 
 

@@ -5,20 +5,9 @@ _dataloader_model.py). The GPU rule, with NVML evidence, reports the share of th
 while the loop fetched data; it runs after the py-spy rule (`after` names this id) and never claims
 more than that rule's CPU-capacity model.
 
-The speedup model (stated in every finding's speedup_bound). Per step, normalised to the measured
-step time T = 1:
-    f  share of the training thread spent waiting for or loading a batch (py-spy),
-    C  = 1 - f, the loop's own time per step,
-    D  CPU-seconds of data production per step: the workers' measured CPU (cores used), or the
-       in-loop loading share when num_workers=0,
-    U  CPU-seconds the whole job uses per step (all threads of the process and its workers),
-    P  CPUs the job may use (affinity and cgroup quota),
-    L  cores the training process itself uses while it computes (its intra-op threads; a fact).
-With W single-threaded workers a step takes max(C, k D / W, U / P): the loop's own time, the
-workers' production time, and the host's CPU capacity. k is the hand-off factor: a batch made in a
-worker costs more CPU than the same batch made in the loop (pickling through shared memory, the
-worker's own interpreter, collation twice); it is fitted to the ledger (docs/models.md) and applies
-only where D was measured in the loop (num_workers=0); workers' measured CPU already carries it.
+The speedup model (stated in every finding's speedup_bound): with W workers a step takes
+max(C, k D / W, U / P) of today's, the loop's own time, the workers' production time and the host's
+CPU capacity (the terms and the hand-off factor k are defined in _dataloader_model.py).
 The workers proposed: never more than the CPUs the job may use minus the cores the training
 process itself needs (L), and, within that, HEADROOM times the fewest that reach the best step time
 under the pessimistic k: too few workers cost speed, a few too many only memory. Workers are
@@ -31,8 +20,6 @@ and, with GPU evidence, the GPU-idle share: an estimate, not a bound (constants 
 validation ledger, docs/models.md). When today's workers already fill the
 cores, settings cannot help; the finding then quotes what halving the per-sample CPU cost would give.
 """
-from __future__ import annotations
-
 from __future__ import annotations
 
 import math
