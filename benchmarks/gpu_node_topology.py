@@ -26,10 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from trainprobe.agent.combiners.gpu_locality import gpu_table  # noqa: E402
 from trainprobe.agent.evidence import Evidence  # noqa: E402
 from trainprobe.agent.rules import run_rules  # noqa: E402
-from trainprobe.agent.rules.numa import gpu_table  # noqa: E402
-from trainprobe.agent.rules.pcie import link_state  # noqa: E402
+from trainprobe.agent.rules.pcie_degraded import link_state  # noqa: E402
 from trainprobe.probes.parsers import procfs  # noqa: E402
 from trainprobe.probes.errors import Unavailable  # noqa: E402
 from trainprobe.probes.support.nvml import Nvml, is_na  # noqa: E402

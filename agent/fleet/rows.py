@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainprobe.agent.evidence import Evidence
-from trainprobe.agent.rules.dataloader import data_share, gpu_busy_of, trainers
+from trainprobe.agent.combiners.training_ranks import data_share, gpu_busy_of, trainers
 
 
 def _thread(ev: Evidence, pid: int) -> dict[str, Any] | None:

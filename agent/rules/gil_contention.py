@@ -18,7 +18,7 @@ it (a GIL hand-over wakes the waiter from the holder's thread).
 """
 from __future__ import annotations
 
-import math
+from typing import Any
 
 from trainprobe.agent.combiners.gil_wait import gil_wait, suspects
 from trainprobe.agent.evidence import Evidence
@@ -29,26 +29,18 @@ WAIT_SHARE = 0.10            # the training thread waits for the GIL at least th
 MIN_WAIT_SAMPLES = 3
 
 
-@rule("gil.contention", requires=("gil",), uses=("sched", "pyspy"),
-      description="the training thread waits for the GIL held by another of its threads (py-spy dumps)")
-def gil_contention(ev: Evidence) -> Finding | None:
-    g_ev = ev.get("gil") or {}
-    g = g_ev.get("gil_wait_share")
-    holder = g_ev.get("holder")
-    if g is None or holder is None or g < WAIT_SHARE or (g_ev.get("gil_wait_samples") or 0) < MIN_WAIT_SAMPLES:
-        return None
-    n = int(g_ev.get("training_samples") or 0)
-    name = holder.get("name") or "?"
-    tid = holder.get("tid")
-    frame = holder.get("frame") or "its Python loop"
-    facts = [
-        Fact("gil", "share of samples the training thread waited for the GIL (off-CPU in futex, another "
-                    "thread holding it)", g),
-        Fact("gil", f"thread holding the GIL during those waits: '{name}' (tid {tid}) in {frame}",
-             holder.get("share_of_waits")),
-        Fact("gil", f"share of all samples '{name}' held the GIL", holder.get("gil_share")),
-        Fact("gil", "py-spy dumps taken (non-blocking)", g_ev.get("samples")),
-    ]
+def _holder_fixes(name: str, where: str, knobs: dict | None = None) -> list[Fix]:
+    return [Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
+                change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
+                       "batches, so the training thread gets the GIL back", knobs=knobs),
+            Fix(f"Or move '{name}' out of the training process",
+                change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)")]
+
+
+def _sched_facts(ev: Evidence, name: str, tid: Any) -> tuple[list[Fact], bool]:
+    """The scheduler probe's view: how long the training thread slept, and whether the holder woke it
+    often enough to corroborate the hand-overs."""
+    facts: list[Fact] = []
     corroborated = False
     sched = ev.get("sched") or {}
     tt = sched.get("training_thread") or {}
@@ -62,12 +54,34 @@ def gil_contention(ev: Evidence) -> Finding | None:
             facts.append(Fact("sched", f"share of the window the training thread slept until '{name}' woke it "
                                        f"({w['count']} wake-ups)", share))
             corroborated = w["count"] >= 10
-    spy = ev.get("pyspy") or {}
-    for o in spy.get("other_threads") or []:
+    return facts, corroborated
+
+
+@rule("gil.contention", requires=("gil",), uses=("sched", "pyspy"),
+      description="the training thread waits for the GIL held by another of its threads (py-spy dumps)")
+def gil_contention(ev: Evidence) -> Finding | None:
+    g_ev = ev.get("gil") or {}
+    g = g_ev.get("gil_wait_share")
+    holder = g_ev.get("holder")
+    if g is None or holder is None or g < WAIT_SHARE or (g_ev.get("gil_wait_samples") or 0) < MIN_WAIT_SAMPLES:
+        return None
+    n = int(g_ev.get("training_samples") or 0)
+    name, tid = holder.get("name") or "?", holder.get("tid")
+    frame = holder.get("frame") or "its Python loop"
+    facts = [
+        Fact("gil", "share of samples the training thread waited for the GIL (off-CPU in futex, another "
+                    "thread holding it)", g),
+        Fact("gil", f"thread holding the GIL during those waits: '{name}' (tid {tid}) in {frame}",
+             holder.get("share_of_waits")),
+        Fact("gil", f"share of all samples '{name}' held the GIL", holder.get("gil_share")),
+        Fact("gil", "py-spy dumps taken (non-blocking)", g_ev.get("samples")),
+    ]
+    sched_facts, corroborated = _sched_facts(ev, name, tid)
+    facts += sched_facts
+    for o in (ev.get("pyspy") or {}).get("other_threads") or []:
         if o.get("tid") == tid:
             facts.append(Fact("pyspy", f"share of '{name}' samples that were busy (not waiting)", o.get("busy_fraction")))
-    speedup = 1.0 / (1.0 - min(g, 0.95))
-    interval = None
+    speedup, interval = 1.0 / (1.0 - min(g, 0.95)), None
     cpu_g = gil_wait(ev)
     if cpu_g is not None:
         # The sampler sees the waits it happens to catch; the training thread's lost CPU time counts
@@ -78,17 +92,11 @@ def gil_contention(ev: Evidence) -> Finding | None:
                                      "neither on a CPU nor waiting for one", g))
     conf = "high" if (n >= 20 and corroborated) else ("medium" if n >= 10 else "low")
     where = frame.split(" (", 1)[-1].rstrip(")") if "(" in frame else frame
-    fixes = [
-        Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
-            change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
-                   "batches, so the training thread gets the GIL back"),
-        Fix(f"Or move '{name}' out of the training process",
-            change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
-    ]
     bound = (f"g={g:.2f} of {n} samples the training thread waited for the GIL; if it never waits: "
              f"1/(1-g)={speedup:.2f}x (GIL waits only: the CPU the holder burns is not counted)")
     title = f"The training thread waits for the GIL {pct(g)} of the time, held by thread '{name}' (tid {tid})"
-    return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
+    return Finding("gil.contention", title, speedup, bound, conf, facts, _holder_fixes(name, where), risk="low",
+                   interval=interval,
                    details={"holder": holder, "gil_wait_share": g, "samples": n, "corroborated_by_sched": corroborated})
 
 
@@ -142,13 +150,6 @@ def gil_from_cpu_time(ev: Evidence) -> Finding | None:
         Fact("process", "share of the window it waited for a CPU (schedstat)", m["r"]),
         Fact("pyspy", f"Python thread '{name}' (tid {tid}) busy beside the loop, in {where}", t.get("busy_fraction")),
     ]
-    fixes = [
-        Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
-            change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
-                   "batches, so the training thread gets the GIL back", knobs={"background_thread_holds_gil": False}),
-        Fix(f"Or move '{name}' out of the training process",
-            change="run it in a multiprocessing.Process (or as C/NumPy code that releases the GIL)"),
-    ]
     bound = (f"g=b-c-r={m['b']:.2f}-{m['c']:.2f}-{m['r']:.2f}={m['g']:.2f} of the window the training thread was "
              f"blocked inside Python code while '{name}' ran; with the GIL free the loop runs its own CPU time c, "
              f"which also shrinks by (1-g)^{ALPHA:g} (fitted to the ledger): 1/(c (1-g)^{ALPHA:g})={speedup:.2f}x "
@@ -156,6 +157,7 @@ def gil_from_cpu_time(ev: Evidence) -> Finding | None:
     conf = "medium" if m["samples"] >= 50 else "low"
     title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time while thread '{name}' "
              f"(tid {tid}) runs Python beside it")
+    fixes = _holder_fixes(name, where, {"background_thread_holds_gil": False})
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
                    details={"holder": {"name": name, "tid": tid}, "gil_wait_share": m["g"], "source": "cpu_time",
                             "model": {k: m[k] for k in ("b", "c", "r", "g", "g_err", "samples")}})

@@ -10,7 +10,7 @@ import pytest
 from trainprobe.agent import diagnosis
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.rules import run_rules
-from trainprobe.agent.rules.numa import torchrun_command, wrapper_script
+from trainprobe.agent.rules._numa_fixes import torchrun_command, wrapper_script
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.placement import PlacementProbe

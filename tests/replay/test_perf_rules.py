@@ -13,7 +13,7 @@ import pytest
 
 from trainprobe.agent import evidence
 from trainprobe.agent.rules import run_rules
-from trainprobe.agent.rules.memory import IPC_LOW, speedup
+from trainprobe.agent.rules.cpu_memory_bound import IPC_LOW, speedup
 from trainprobe.probes.parsers import perfparse as pp
 from trainprobe.probes.base import Capture
 from trainprobe.probes.perfstat import summarise

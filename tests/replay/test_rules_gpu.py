@@ -4,6 +4,7 @@ import pytest
 
 from trainprobe.agent import evidence
 from trainprobe.agent.report import diagnose
+from trainprobe.agent.rules import all_rules
 from tests.helpers import (H200_MODES, h200_anchored_pyspy_capture, h200_evidence, h200_gpu_capture,
                            h200_nvml)
 
@@ -108,5 +109,6 @@ def test_without_gpu_evidence_the_py_spy_rules_still_decide():
     ev = evidence.build([h200_anchored_pyspy_capture("starved")], {"cpus_available": 16, "uses_cuda": True})
     f, runs = diagnose(ev)
     assert f[0].id == "dataloader.starved"
-    skipped = [r for r in runs if r.rule.startswith("gpu.")]
+    needs_gpu = {r.name for r in all_rules() if "gpu" in r.requires}
+    skipped = [r for r in runs if r.rule in needs_gpu]
     assert skipped and all(r.status == "skipped" and "gpu: not run" in r.reason for r in skipped)

@@ -9,7 +9,8 @@ import pytest
 
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.rules import run_rules
-from trainprobe.agent.rules.numa import gpu_table, numactl_line, rank_gpu, torchrun_command, wrapper_script
+from trainprobe.agent.combiners.gpu_locality import gpu_table, rank_gpu
+from trainprobe.agent.rules._numa_fixes import numactl_line, torchrun_command, wrapper_script
 from trainprobe.probes.placement import PlacementProbe, capture_from_roots
 from trainprobe.probes.topology import read_topology
 from tests.helpers import DATA, H200

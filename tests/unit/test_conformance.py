@@ -48,16 +48,131 @@ def test_rules_declare_known_ids_and_probes():
 
 
 def test_rule_order_is_declared_and_followed():
-    from trainprobe.agent.rules import _order
+    from trainprobe.agent.rules import _order, runs_after
     rules = all_rules()
     order = [r.name for r in _order(rules)]
     for r in rules:
         assert set(r.after) <= set(FINDING_IDS), f"rule {r.name} runs after unknown ids {r.after}"
         for other in rules:
-            if other.id in r.after and other.id != r.id:
+            if runs_after(r, other):
                 assert order.index(other.name) < order.index(r.name), f"{r.name} must run after {other.name}"
     cb = [r for r in rules if r.id == "compute.bound"]
-    assert cb and all(r.after for r in cb), "compute.bound reads the other findings: it declares `after`"
+    assert cb and all(set(r.after) >= set(FINDING_IDS) - {"compute.bound"} for r in cb), \
+        "compute.bound reads every other finding: it declares every other id in `after`"
+    assert order[-len(cb):] == [r.name for r in cb]
+
+
+def _fake(name, fid, after=()):
+    from trainprobe.agent.rules import Rule
+    return Rule(fid, lambda ev: None, (), (), "test rule", name, tuple(after))
+
+
+def test_rule_order_is_topological_and_keeps_declaration_order_otherwise():
+    from trainprobe.agent.rules import _order
+    a = _fake("m.a", "compute.bound", after=("host.sync",))
+    b = _fake("m.b", "host.sync", after=("dataloader.starved",))
+    c = _fake("m.c", "dataloader.starved")
+    d = _fake("m.d", "dataloader.starved", after=("dataloader.starved",))     # after the other rule of its id
+    e = _fake("m.e", "io.small_reads")
+    assert [r.name for r in _order([a, b, d, c, e])] == ["m.c", "m.e", "m.d", "m.b", "m.a"]
+
+
+def test_rule_order_rejects_cycles_and_unknown_ids():
+    from trainprobe.agent.rules import _order, rule
+    with pytest.raises(ValueError, match="cycle"):
+        _order([_fake("m.a", "host.sync", after=("io.small_reads",)),
+                _fake("m.b", "io.small_reads", after=("host.sync",))])
+    with pytest.raises(ValueError, match="unknown"):
+        _order([_fake("m.a", "host.sync", after=("no.such_id",))])
+    with pytest.raises(ValueError, match="unknown"):
+        rule("host.sync", after=("no.such_id",))
+
+
+RULES_DIR = REPO / "agent" / "rules"
+HELPERS = sorted(p for p in RULES_DIR.glob("_*.py") if p.name != "__init__.py")
+RULE_FILES = sorted(p for p in RULES_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def _decorated_rules(tree: ast.Module) -> dict[str, ast.Call]:
+    """Module-level functions decorated with @rule(...), with their decorator call."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "rule":
+                    out[node.name] = d
+    return out
+
+
+def test_one_rule_module_per_finding_id():
+    from trainprobe.agent.rules import RULE_MODULES
+    ids = {fid.replace(".", "_"): fid for fid in FINDING_IDS}
+    assert {p.stem for p in RULE_FILES} == set(ids), "one module named after each finding id, and no other"
+    assert set(RULE_MODULES) == {f"trainprobe.agent.rules.{p.stem}" for p in RULE_FILES}
+    for r in all_rules():
+        module = r.fn.__module__.rsplit(".", 1)[-1]
+        assert ids.get(module) == r.id, f"rule {r.name} returns {r.id}: it belongs in {r.id.replace('.', '_')}.py"
+    for path in HELPERS:
+        assert not _decorated_rules(ast.parse(path.read_text())), f"{path.name} is a helper: it holds no rule"
+
+
+@pytest.mark.parametrize("path", RULE_FILES + HELPERS, ids=lambda p: p.name)
+def test_rule_modules_never_import_each_other(path):
+    rule_modules = {f"agent.rules.{p.stem}" for p in RULE_FILES}
+    bad = (_imports(path) & rule_modules) - {f"agent.rules.{path.stem}"}
+    assert not bad, f"{path.name} imports the rule module(s) {bad}: share a helper (agent/rules/_*.py) or a combiner"
+
+
+def _reads_findings(node: ast.AST) -> bool:
+    """Whether code reads earlier findings: `ev.context["findings"]` or `ev.context.get("findings")`."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "context":
+            if isinstance(n.slice, ast.Constant) and n.slice.value == "findings":
+                return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" \
+                and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "context" \
+                and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == "findings":
+            return True
+    return False
+
+
+def _readers(tree: ast.Module) -> set[str]:
+    """Module-level functions that read earlier findings, directly or through a function of the module."""
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls = {name: {c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+             for name, fn in funcs.items()}
+    readers = {name for name, fn in funcs.items() if _reads_findings(fn)}
+    while True:
+        more = {name for name in funcs if calls[name] & readers} - readers
+        if not more:
+            return readers
+        readers |= more
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_a_rule_that_reads_findings_declares_after(path):
+    """The order a rule needs is declared: reading ev.context['findings'] without `after` would
+    silently depend on where the module sits in RULE_MODULES."""
+    tree = ast.parse(path.read_text())
+    for name in _readers(tree) & set(_decorated_rules(tree)):
+        after = [k for k in _decorated_rules(tree)[name].keywords if k.arg == "after"]
+        assert after, f"{path.name}: rule {name} reads earlier findings but declares no `after`"
+    declared = {r.fn.__name__: r for r in all_rules() if r.fn.__module__.endswith("." + path.stem)}
+    for name in _readers(tree) & set(declared):
+        assert declared[name].after, f"{path.name}: rule {name} reads earlier findings with an empty `after`"
+
+
+@pytest.mark.parametrize("path", HELPERS + sorted((REPO / "agent" / "combiners").glob("*.py"))
+                         + sorted((REPO / "agent" / "analysis").glob("*.py")), ids=lambda p: p.name)
+def test_helpers_and_combiners_never_read_findings(path):
+    assert not _reads_findings(ast.parse(path.read_text())), \
+        f"{path.name} reads earlier findings: only a rule may, and it declares them in `after`"
+
+
+def test_every_rule_is_in_the_design_table():
+    table = (REPO / "docs" / "design.md").read_text()
+    for r in all_rules():
+        assert f"| `{r.id}` | `{r.name}` |" in table, f"docs/design.md lists no row for {r.name}"
 
 
 def test_every_finding_id_is_documented_in_the_readme():

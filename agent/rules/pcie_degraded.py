@@ -23,7 +23,7 @@ from typing import Any
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
-from trainprobe.agent.rules.numa import distance, gpu_table
+from trainprobe.agent.combiners.gpu_locality import distance, gpu_table
 from trainprobe.probes.parsers.hw import link_gbps
 
 IDLE_UTIL_PCT = 10.0          # a GPU below this mean utilisation may have lowered its link speed
@@ -81,38 +81,33 @@ def nic_notes(ev: Evidence, rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-@rule("pcie.degraded", requires=("topology",), uses=("gpu", "pyspy", "placement"),
-      description="a GPU's PCIe link runs below its maximum generation or width")
-def pcie_degraded(ev: Evidence) -> Finding | None:
-    rows, notes = gpu_table(ev)
-    nics = nic_notes(ev, rows)
-    for n in notes + nics:
-        ev.note(n)
-    bad: list[dict[str, Any]] = []
-    for r in rows:
-        st = link_state(r)
-        if None in (st["cur_gen"], st["cur_width"], st["max_gen"], st["max_width"]):
-            continue
-        width_short = st["cur_width"] < st["max_width"]
-        speed_short = st["cur_gen"] < st["max_gen"]
-        if not (width_short or speed_short):
-            if st["slot_limited"]:
-                ev.note(f"GPU {r['index']} ({r['bdf']}) runs at Gen{st['cur_gen']} x{st['cur_width']}, the most the "
-                        f"port above it ({st['upstream']}) supports; the GPU itself supports "
-                        f"Gen{st['device_max_gen']} x{st['device_max_width']}")
-            continue
-        util = _gpu_util(ev, r["index"])
-        if speed_short and not width_short and util is not None and util < IDLE_UTIL_PCT:
-            ev.note(f"GPU {r['index']} ({r['bdf']}) link at Gen{st['cur_gen']} of Gen{st['max_gen']} while "
-                    f"{util:.0f}% busy: an idle GPU lowers its link speed to save power; re-check under load")
-            continue
-        q = ((link_gbps(st["cur_gen"], st["cur_width"]) or 0.0) / (link_gbps(st["max_gen"], st["max_width"]) or 1.0))
-        conf = "high" if width_short else ("medium" if util is not None else "low")
-        bad.append({"row": r, "state": st, "util": util, "q": round(q, 3), "confidence": conf,
-                    "width_short": width_short, "speed_short": speed_short})
-    if not bad:
+def _judge_link(ev: Evidence, r: dict[str, Any]) -> dict[str, Any] | None:
+    """A GPU whose link runs below its maximum, or None (with a note where the shortfall is by design
+    or may be the power saving of an idle GPU)."""
+    st = link_state(r)
+    if None in (st["cur_gen"], st["cur_width"], st["max_gen"], st["max_width"]):
         return None
+    width_short = st["cur_width"] < st["max_width"]
+    speed_short = st["cur_gen"] < st["max_gen"]
+    if not (width_short or speed_short):
+        if st["slot_limited"]:
+            ev.note(f"GPU {r['index']} ({r['bdf']}) runs at Gen{st['cur_gen']} x{st['cur_width']}, the most the "
+                    f"port above it ({st['upstream']}) supports; the GPU itself supports "
+                    f"Gen{st['device_max_gen']} x{st['device_max_width']}")
+        return None
+    util = _gpu_util(ev, r["index"])
+    if speed_short and not width_short and util is not None and util < IDLE_UTIL_PCT:
+        ev.note(f"GPU {r['index']} ({r['bdf']}) link at Gen{st['cur_gen']} of Gen{st['max_gen']} while "
+                f"{util:.0f}% busy: an idle GPU lowers its link speed to save power; re-check under load")
+        return None
+    q = ((link_gbps(st["cur_gen"], st["cur_width"]) or 0.0) / (link_gbps(st["max_gen"], st["max_width"]) or 1.0))
+    conf = "high" if width_short else ("medium" if util is not None else "low")
+    return {"row": r, "state": st, "util": util, "q": round(q, 3), "confidence": conf,
+            "width_short": width_short, "speed_short": speed_short}
 
+
+def _gain(ev: Evidence, rows: list[dict[str, Any]], bad: list[dict[str, Any]]) -> tuple[dict[str, Any], float, str]:
+    """(the worst link of the job's GPUs, speedup, bound): 1/(1-c(1-q)) where the copy share c was measured."""
     spy = ev.get("pyspy") or {}
     c = ((spy.get("training_thread") or {}).get("breakdown") or {}).get("h2d_copy")
     used = _used_indices(ev, rows)
@@ -123,12 +118,14 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
         bound = (f"c={c:.2f} (py-spy: training thread in host-to-device copies), q={worst['q']:.2f} (link bandwidth "
                  f"now / at Gen{worst['state']['max_gen']} x{worst['state']['max_width']}); speedup <= 1/(1-c*(1-q)), "
                  "assuming copies are bandwidth-bound and on the step's critical path")
-    else:
-        speedup = 1.0
-        bound = (f"q={worst['q']:.2f} of the link's bandwidth is left; the job's copy share was not measured "
-                 "(no py-spy evidence, or the GPU is not the job's), so no gain is claimed")
+        return worst, speedup, bound
+    bound = (f"q={worst['q']:.2f} of the link's bandwidth is left; the job's copy share was not measured "
+             "(no py-spy evidence, or the GPU is not the job's), so no gain is claimed")
+    return worst, 1.0, bound
+
+
+def _facts(bad: list[dict[str, Any]], nics: list[str]) -> list[Fact]:
     facts: list[Fact] = []
-    fixes: list[Fix] = []
     for b in bad:
         r, st = b["row"], b["state"]
         src = "sysfs and NVML" if (r.get("sysfs") and r.get("nvml")) else ("sysfs" if r.get("sysfs") else "NVML")
@@ -141,16 +138,32 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
         elif b["speed_short"] and not b["width_short"]:
             facts.append(Fact("topology", f"GPU {r['index']} ({r['bdf']}): its load was not measured; an idle GPU "
                                           "lowers its link speed to save power, so re-check under load", None))
-    facts += [Fact("topology", n, None) for n in nics]
+    return facts + [Fact("topology", n, None) for n in nics]
+
+
+def _fixes(bad: list[dict[str, Any]]) -> list[Fix]:
     bdfs = ",".join(b["row"]["bdf"] for b in bad)
-    fixes.append(Fix("Confirm under load: the link state the GPU reports now",
-                     command="nvidia-smi --query-gpu=index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,"
-                             "pcie.link.width.current,pcie.link.width.max --format=csv"))
-    fixes.append(Fix(f"Reseat the GPU(s) at {bdfs} (and riser or cable), check the slot's PCIe settings in the BIOS "
-                     "(forced link speed, bifurcation); the link retrains at the next boot"))
-    fixes.append(Fix("Until then, keep jobs off this node (Slurm shown)",
-                     command=("scontrol update nodename=$(hostname -s) state=drain "
-                              f"reason=\"GPU PCIe link degraded: {bdfs}\"")))
+    return [Fix("Confirm under load: the link state the GPU reports now",
+                command="nvidia-smi --query-gpu=index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,"
+                        "pcie.link.width.current,pcie.link.width.max --format=csv"),
+            Fix(f"Reseat the GPU(s) at {bdfs} (and riser or cable), check the slot's PCIe settings in the BIOS "
+                "(forced link speed, bifurcation); the link retrains at the next boot"),
+            Fix("Until then, keep jobs off this node (Slurm shown)",
+                command=("scontrol update nodename=$(hostname -s) state=drain "
+                         f"reason=\"GPU PCIe link degraded: {bdfs}\""))]
+
+
+@rule("pcie.degraded", requires=("topology",), uses=("gpu", "pyspy", "placement"),
+      description="a GPU's PCIe link runs below its maximum generation or width")
+def pcie_degraded(ev: Evidence) -> Finding | None:
+    rows, notes = gpu_table(ev)
+    nics = nic_notes(ev, rows)
+    for n in notes + nics:
+        ev.note(n)
+    bad = [b for b in (_judge_link(ev, r) for r in rows) if b is not None]
+    if not bad:
+        return None
+    worst, speedup, bound = _gain(ev, rows, bad)
     worst_st = worst["state"]
     title = (f"GPU {worst['row']['index']}'s PCIe link runs at Gen{worst_st['cur_gen']} x{worst_st['cur_width']} of "
              f"Gen{worst_st['max_gen']} x{worst_st['max_width']} ({pct(worst['q'])} of its bandwidth)")
@@ -158,7 +171,7 @@ def pcie_degraded(ev: Evidence) -> Finding | None:
         title = f"{len(bad)} GPU PCIe links run below their maximum; worst: " + title
     conf_order = {"high": 0, "medium": 1, "low": 2}
     conf = min((b["confidence"] for b in bad), key=lambda x: conf_order[x])
-    return Finding("pcie.degraded", title, speedup, bound, conf, facts, fixes, risk="medium",
+    return Finding("pcie.degraded", title, speedup, bound, conf, _facts(bad, nics), _fixes(bad), risk="medium",
                    details={"links": [{"index": b["row"]["index"], "bdf": b["row"]["bdf"], **b["state"],
                                        "bandwidth_share": b["q"], "utilization_pct": b["util"]} for b in bad]})
 

@@ -183,27 +183,10 @@ def _traffic_fix(cand: dict[str, Any], uses_cuda: bool) -> Fix:
                       "avoid per-sample copies (torch.from_numpy instead of torch.tensor)")
 
 
-# `gpu` (busy share, the GPU's NUMA node) and `topology` (NUMA node count) are read when present;
-# they join `uses` when those probes are registered (the conformance test allows only known probes).
-@rule("cpu.memory_bound", requires=("perfstat", "pyspy"), uses=("process", "gpu", "topology"),
-      description="the host code that limits the step runs at low IPC with many LLC misses (perf + py-spy)")
-def cpu_memory_bound(ev: Evidence) -> Finding | None:
-    perf = ev.get("perfstat") or {}
-    spy = ev.get("pyspy") or {}
-    if not (perf.get("hardware") or {}).get("available") and not any(
-            (g or {}).get("ipc") is not None for g in (perf.get("groups") or {}).values()):
-        return None          # software counters only: perf's reason is in the perfstat evidence
-    gpu = ev.get("gpu") or {}
-    if gpu.get("busy_fraction") is not None and gpu["busy_fraction"] >= GPU_BUSY:
-        return None          # the device is the limit, whatever the host's IPC
-    cands = [c for c in _candidates(ev, perf, spy) if _memory_bound(c["counters"])]
-    if not cands:
-        return None
-    for c in cands:
-        c["r"] = min(1.0, c["counters"]["ipc"] / IPC_LOW)
-        c["speedup"] = speedup(c["model"], c["share"], c["r"])
-    best = max(cands, key=lambda c: c["speedup"])
-    cnt, s, r = best["counters"], best["share"], best["r"]
+def _facts(best: dict[str, Any], perf: dict[str, Any]) -> tuple[list[Fact], float | None, float | None]:
+    """(facts, steady share, the rest of the job's IPC): what the counters say about the code."""
+    cnt, s = best["counters"], best["share"]
+    trust = min(cnt.get("ipc_trust") or 0.0, cnt.get("llc_miss_trust") or 0.0)
     facts = [
         Fact("pyspy", f"share of the step in {best['label']}", round(s, 3)),
         Fact("perfstat", f"IPC of {best['label']} (instructions/cycles)", cnt["ipc"]),
@@ -211,7 +194,6 @@ def cpu_memory_bound(ev: Evidence) -> Finding | None:
     ]
     if cnt.get("llc_mpki") is not None:
         facts.append(Fact("perfstat", "LLC misses per 1000 instructions", cnt["llc_mpki"]))
-    trust = min(cnt.get("ipc_trust") or 0.0, cnt.get("llc_miss_trust") or 0.0)
     facts.append(Fact("perfstat", "share of the time the counters were on the PMU (1.0: not multiplexed)", round(trust, 3)))
     if best.get("stack"):
         facts.append(Fact("pyspy", "where: hottest stack", best["stack"]))
@@ -228,8 +210,11 @@ def cpu_memory_bound(ev: Evidence) -> Finding | None:
     sw = cnt.get("major_faults_per_s")
     if sw:
         facts.append(Fact("perfstat", "major page faults per second (memory pressure)", sw))
-    uses_cuda = bool((ev.get("process") or {}).get("uses_cuda") or ev.context.get("uses_cuda"))
-    fixes = [f for f in (_numa_fix(ev, facts), _traffic_fix(best, uses_cuda)) if f is not None]
+    return facts, steady, contrast
+
+
+def _bound(best: dict[str, Any]) -> str:
+    cnt, s, r = best["counters"], best["share"], best["r"]
     if best["model"] == "workers":
         bound = (f"s={s:.2f} of the step waits on {best['label']} (py-spy); their IPC {cnt['ipc']:.2f} < {IPC_LOW:g} "
                  f"with {pct(cnt['llc_miss_ratio'])} LLC misses (perf); if their memory stalls went away and IPC "
@@ -240,19 +225,53 @@ def cpu_memory_bound(ev: Evidence) -> Finding | None:
                  f"{pct(cnt['llc_miss_ratio'])} LLC misses (perf); at IPC {IPC_LOW:g} that code would take r={r:.2f} "
                  f"of its time: step = (1-s) + s*r = {(1 - s) + s * r:.2f}; Amdahl ceiling 1/(1-s)="
                  f"{1 / max(1 - s, 1e-6):.1f}x")
-    bound += "; an upper bound: local binding and less traffic remove only part of the stalls"
+    return bound + "; an upper bound: local binding and less traffic remove only part of the stalls"
+
+
+def _confidence(best: dict[str, Any], trust: float, steady: float | None, contrast: float | None) -> str:
     if trust < 0.5:
-        conf = "low"
-    elif (trust >= TRUST_HIGH and s >= 0.3 and (steady is None or steady >= 0.7)
-          and contrast is not None and contrast >= 1.3 * cnt["ipc"]):
-        conf = "high"       # steady, not multiplexed, and the rest of the job runs faster code
-    else:
-        conf = "medium"
+        return "low"
+    if (trust >= TRUST_HIGH and best["share"] >= 0.3 and (steady is None or steady >= 0.7)
+            and contrast is not None and contrast >= 1.3 * best["counters"]["ipc"]):
+        return "high"       # steady, not multiplexed, and the rest of the job runs faster code
+    return "medium"
+
+
+def _counters_usable(perf: dict[str, Any]) -> bool:
+    """Hardware counters were read (software counters only: perf's reason is in the perfstat evidence)."""
+    return bool((perf.get("hardware") or {}).get("available") or any(
+        (g or {}).get("ipc") is not None for g in (perf.get("groups") or {}).values()))
+
+
+# `gpu` (busy share, the GPU's NUMA node) and `topology` (NUMA node count) are read when present;
+# they join `uses` when those probes are registered (the conformance test allows only known probes).
+@rule("cpu.memory_bound", requires=("perfstat", "pyspy"), uses=("process", "gpu", "topology"),
+      description="the host code that limits the step runs at low IPC with many LLC misses (perf + py-spy)")
+def cpu_memory_bound(ev: Evidence) -> Finding | None:
+    perf = ev.get("perfstat") or {}
+    if not _counters_usable(perf):
+        return None
+    gpu = ev.get("gpu") or {}
+    if gpu.get("busy_fraction") is not None and gpu["busy_fraction"] >= GPU_BUSY:
+        return None          # the device is the limit, whatever the host's IPC
+    cands = [c for c in _candidates(ev, perf, ev.get("pyspy") or {}) if _memory_bound(c["counters"])]
+    if not cands:
+        return None
+    for c in cands:
+        c["r"] = min(1.0, c["counters"]["ipc"] / IPC_LOW)
+        c["speedup"] = speedup(c["model"], c["share"], c["r"])
+    best = max(cands, key=lambda c: c["speedup"])
+    cnt, s = best["counters"], best["share"]
+    trust = min(cnt.get("ipc_trust") or 0.0, cnt.get("llc_miss_trust") or 0.0)
+    facts, steady, contrast = _facts(best, perf)
+    uses_cuda = bool((ev.get("process") or {}).get("uses_cuda") or ev.context.get("uses_cuda"))
+    fixes = [f for f in (_numa_fix(ev, facts), _traffic_fix(best, uses_cuda)) if f is not None]
     title = (f"{best['label'][0].upper()}{best['label'][1:]} stall on memory: IPC {cnt['ipc']:.2f}, "
              f"{pct(cnt['llc_miss_ratio'])} LLC misses, {pct(s)} of the step")
-    return Finding("cpu.memory_bound", title, best["speedup"], bound, conf, facts, fixes, risk="low",
+    return Finding("cpu.memory_bound", title, best["speedup"], _bound(best), _confidence(best, trust, steady, contrast),
+                   facts, fixes, risk="low",
                    details={"where": best["where"], "share": round(s, 4), "ipc": cnt["ipc"],
                             "llc_miss_ratio": cnt["llc_miss_ratio"], "llc_mpki": cnt.get("llc_mpki"),
-                            "trust": round(trust, 4), "r": round(r, 4),
+                            "trust": round(trust, 4), "r": round(best["r"], 4),
                             "candidates": [{"where": c["where"], "share": round(c["share"], 4),
                                             "speedup": round(c["speedup"], 3)} for c in cands]})
