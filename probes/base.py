@@ -7,6 +7,7 @@ replayed bundle. Probes never import `agent` or `reports`.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -351,6 +352,9 @@ class Probe:
     # them what is left of the budget, in this order, through `fit_budget`.
     adjustable: ClassVar[bool] = False
     budget_priority: ClassVar[int] = 100
+    # The commands that run this probe: diagnose watches a process over a window; preflight reads
+    # the node before a job starts (ReadingProbe).
+    commands: ClassVar[tuple[str, ...]] = ("diagnose",)
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""
@@ -416,3 +420,90 @@ def guarded(fn: Callable[..., Any], *a: Any, **kw: Any) -> tuple[Any, ProbeError
         return None, TimedOut(str(exc))
     except OSError as exc:
         return None, translate_oserror(exc, getattr(exc, "filename", None) or "system call")
+
+
+# -- probes made of reads (preflight) ---------------------------------------------------------------
+
+class ReadingProbe(Probe):
+    """A probe made of named reads of the node, each of which can run (and time out) on its own.
+
+    Preflight runs every read in its own thread under its own timeout (agent/preflight), so a hung
+    driver call fails the checks that needed that read and nothing else. A read touches the host
+    through the Recorder and returns its raw value; `run_read` stores that value as an artifact
+    (text as `<read>`, anything else as `<read>.json`) and its outcome in `meta["reads"]`, and
+    `parse` gives back one record per read, the same from a live run and from a bundle.
+    """
+
+    commands = ("preflight",)
+    default_enabled = False
+    reads: ClassVar[dict[str, str]] = {}       # read name -> what it reads, in words for messages
+
+    def check(self, spec: WatchSpec) -> Availability:
+        return Availability.yes()
+
+    def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
+        """Do one read (its settings are in spec.options) and return its raw JSON-able value."""
+        raise NotImplementedError
+
+    def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
+        for name in self.reads:
+            merge_read(rec.capture, run_read(self, name, spec, rec.stop))
+
+    @staticmethod
+    def parse(capture: Capture) -> dict[str, dict[str, Any]]:
+        """-> {read: {data, error, timed_out, seconds, timeout_s}}: the value of every read that
+        answered, from its artifact; for the others, why not. A malformed capture names its probe."""
+        return parser(f"{capture.probe} capture")(_parse_reads)(capture)
+
+
+def _parse_reads(capture: Capture) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, outcome in dict(capture.meta.get("reads") or {}).items():
+        err = outcome.get("error")
+        if err is not None and not (isinstance(err.get("kind"), str) and isinstance(err.get("message"), str)):
+            raise ValueError(f"read {name}: its error is not {{kind, message}}")
+        data = None
+        if not err:
+            if f"{name}.json" in capture.artifacts:
+                data = json.loads(capture.artifacts[f"{name}.json"])
+            else:
+                data = capture.artifacts[name]
+        out[str(name)] = {"data": data, "error": err, "timed_out": bool(outcome.get("timed_out")),
+                          "seconds": float(outcome.get("seconds") or 0.0), "timeout_s": outcome.get("timeout_s")}
+    return out
+
+
+def run_read(probe: ReadingProbe, name: str, spec: WatchSpec, stop: threading.Event) -> Capture:
+    """One read into a capture of its own (a read abandoned on its timeout writes only there)."""
+    part = Capture(probe.name, started_unix=time.time())
+    rec = Recorder(part, stop)
+    m0 = time.monotonic()
+    outcome: dict[str, Any] = {"error": None, "timed_out": False}
+    try:
+        value = probe.read(name, spec, rec)
+        rec.add(name if isinstance(value, str) else f"{name}.json",
+                value if isinstance(value, str) else json.dumps(value, default=str))
+    except ProbeError as exc:
+        # A read that bounds itself (a killed child, a hung NVML call) timed out all the same.
+        outcome.update(error={"kind": exc.kind, "message": str(exc)}, timed_out=exc.kind == "timed_out")
+    outcome["seconds"] = round(time.monotonic() - m0, 6)
+    if outcome["error"] is None:
+        rec.note("read", probe.reads.get(name, name), 0, part.started_unix, outcome["seconds"])
+    part.seconds = outcome["seconds"]
+    part.meta["reads"] = {name: outcome}
+    return part
+
+
+def merge_read(into: Capture, part: Capture, **outcome: Any) -> None:
+    """Add one read's capture to its probe's; `outcome` (timed_out, timeout_s) is the runner's word."""
+    into.artifacts.update(part.artifacts)
+    into.provenance.extend(part.provenance)
+    reads = into.meta.setdefault("reads", {})
+    for name, rec in part.meta.get("reads", {}).items():
+        reads[name] = {**rec, **outcome}
+    into.seconds = round(into.seconds + part.seconds, 6)
+
+
+def read_outcome(into: Capture, name: str, **outcome: Any) -> None:
+    """Record a read that gave no capture (it was abandoned, or its probe cannot run here)."""
+    into.meta.setdefault("reads", {})[name] = {"error": None, "timed_out": False, "seconds": 0.0, **outcome}
