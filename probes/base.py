@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, TypedDict
 
 from trainprobe.probes.parsers import redact
 from trainprobe.probes.errors import ProbeError, TimedOut, parser, translate_oserror
@@ -424,6 +424,16 @@ def guarded(fn: Callable[..., Any], *a: Any, **kw: Any) -> tuple[Any, ProbeError
 
 # -- probes made of reads (preflight) ---------------------------------------------------------------
 
+class ReadRecord(TypedDict):
+    """One read of a ReadingProbe as the checks see it (ReadingProbe.parse gives one per read)."""
+
+    data: Any                       # the read's raw value; None when it did not answer
+    error: dict[str, str] | None    # {kind, message} in the probes.errors taxonomy
+    timed_out: bool
+    seconds: float
+    timeout_s: float | None         # the timeout it ran under (the runner's)
+
+
 class ReadingProbe(Probe):
     """A probe made of named reads of the node, each of which can run (and time out) on its own.
 
@@ -438,9 +448,6 @@ class ReadingProbe(Probe):
     default_enabled = False
     reads: ClassVar[dict[str, str]] = {}       # read name -> what it reads, in words for messages
 
-    def check(self, spec: WatchSpec) -> Availability:
-        return Availability.yes()
-
     def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
         """Do one read (its settings are in spec.options) and return its raw JSON-able value."""
         raise NotImplementedError
@@ -450,14 +457,14 @@ class ReadingProbe(Probe):
             merge_read(rec.capture, run_read(self, name, spec, rec.stop))
 
     @staticmethod
-    def parse(capture: Capture) -> dict[str, dict[str, Any]]:
-        """-> {read: {data, error, timed_out, seconds, timeout_s}}: the value of every read that
-        answered, from its artifact; for the others, why not. A malformed capture names its probe."""
+    def parse(capture: Capture) -> dict[str, ReadRecord]:
+        """-> {read: ReadRecord}: the value of every read that answered, from its artifact; for the
+        others, why not. A malformed capture names its probe."""
         return parser(f"{capture.probe} capture")(_parse_reads)(capture)
 
 
-def _parse_reads(capture: Capture) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _parse_reads(capture: Capture) -> dict[str, ReadRecord]:
+    out: dict[str, ReadRecord] = {}
     for name, outcome in dict(capture.meta.get("reads") or {}).items():
         err = outcome.get("error")
         if err is not None and not (isinstance(err.get("kind"), str) and isinstance(err.get("message"), str)):
@@ -468,8 +475,8 @@ def _parse_reads(capture: Capture) -> dict[str, dict[str, Any]]:
                 data = json.loads(capture.artifacts[f"{name}.json"])
             else:
                 data = capture.artifacts[name]
-        out[str(name)] = {"data": data, "error": err, "timed_out": bool(outcome.get("timed_out")),
-                          "seconds": float(outcome.get("seconds") or 0.0), "timeout_s": outcome.get("timeout_s")}
+        out[str(name)] = ReadRecord(data=data, error=err, timed_out=bool(outcome.get("timed_out")),
+                                    seconds=float(outcome.get("seconds") or 0.0), timeout_s=outcome.get("timeout_s"))
     return out
 
 

@@ -294,6 +294,10 @@ def _cap_eff(root: str) -> str | None:
 
 # -- the probe ---------------------------------------------------------------------------------------
 
+# Reads kept as the kernel wrote them (parsed by probes/parsers/hostfacts.py). The limits are this
+# process's: preflight runs where the job will, and the job inherits them.
+TEXT_FILES = {"meminfo": "proc/meminfo", "limits": "proc/self/limits"}
+
 class HostProbe(ReadingProbe):
     """The node's host facts, one read per fact, for preflight's host and GPU-bus checks."""
 
@@ -323,10 +327,8 @@ class HostProbe(ReadingProbe):
 
     def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
         root, opts = spec.root, spec.options
-        if name in ("meminfo", "limits"):
-            # Text files, kept as the kernel wrote them; limits are this process's (the job's shell).
-            return rec.read_file(procfs.path(root, "proc/meminfo" if name == "meminfo" else "proc/self/limits"),
-                                 artifact=name)
+        if name in TEXT_FILES:
+            return rec.read_file(procfs.path(root, TEXT_FILES[name]), artifact=name)
         readers = {
             "cpus": lambda: read_cpus(root, opts.get("job_cpus")),
             "governors": lambda: read_governors(root),
@@ -339,4 +341,3 @@ class HostProbe(ReadingProbe):
             "pci": lambda: read_pci_gpus(root),
         }
         return readers[name]()
-

@@ -45,7 +45,7 @@ class Context:
 class ReadSpec:
     name: str
     tier: str
-    fn: Callable[[Context, dict[str, Any]], Any]          # (context, reads so far) -> raw data
+    fn: Callable[[Context, dict[str, Any]], Any]          # (context, reads so far) -> what it read
     timeout_s: Callable[[Context, dict[str, Any]], float]
     on_timeout: str = "unknown"    # status of the checks that needed it, when it hangs
     what: str = ""                 # for messages: what it reads

@@ -70,6 +70,9 @@ def test_the_cli_replays_the_bundle_with_its_exit_code():
     rep = r.json()
     assert r.rc == live["exit_code"] == rep["exit_code"]
     assert verdicts(rep["checks"]) == verdicts(live["checks"]) and rep["replayed_from"] == str(SAVED)
+    # `report` reads diagnosis bundles: for this one it says which command does.
+    other = run_cli("report", str(SAVED))
+    assert other.rc == 2 and "trainprobe preflight --replay" in other.err
 
 
 def test_a_damaged_capture_is_bad_input(tmp_path):

@@ -206,6 +206,8 @@ def _real_captures():
         from tests.helpers import h200_gpu_capture, h200_pyspy_capture
         out.append(h200_pyspy_capture(mode))
         out.append(h200_gpu_capture(mode))
+    from trainprobe.agent import bundle
+    out += bundle.load(str(DATA / "preflight" / "bundle-vm")).captures     # preflight's probes
     return out
 
 
