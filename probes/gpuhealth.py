@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec
 from trainprobe.probes.errors import Unavailable
@@ -284,6 +284,7 @@ class GpuHealthProbe(ReadingProbe):
     cost = "a few hundred NVML calls, well under a second for 8 GPUs; nothing is changed on the GPU"
     timeout_s = 30.0
     reads = {"nvml": "NVML"}
+    nvml_factory: ClassVar[Callable[[float], Nvml]] = Nvml     # the one door to NVML
 
     def check(self, spec: WatchSpec) -> Availability:
         # NVML that cannot start is a value of the read, not a skip: the GPU checks compare it
@@ -293,7 +294,8 @@ class GpuHealthProbe(ReadingProbe):
     def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
         if spec.root != "/":
             return {"schema": SCHEMA, "error": TREE_NO_DEVICES, "count": None, "gpus": [], "timing": {}}
-        out = read_gpus(spec.options.get("gpus"), float(spec.options.get("nvml_call_s", 5.0)))
+        out = read_gpus(spec.options.get("gpus"), float(spec.options.get("nvml_call_s", 5.0)),
+                        type(self).nvml_factory)
         rec.note("nvml", f"{out.get('nvml_calls', 0)} NVML calls", 0 if out["error"] is None else -1,
                  out["read_unix"], out.get("seconds", 0.0))
         return out

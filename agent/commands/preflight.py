@@ -78,8 +78,8 @@ def _indices(value: str | None, what: str) -> list[int] | None:
 @click.option("-v", "--verbose", is_flag=True, help="Explain every check, not only the problems.")
 @click.pass_obj
 def command(app: App, profile_name: str | None, active: bool, as_json: bool, prom_file: str | None, slurm: bool,
-            save_path: str | None, save_raw: str | None, replay_file: str | None, disks: tuple[str, ...], gpus: str | None,
-            cpus: str | None, skip: tuple[str, ...], timeout_s: float | None, verbose: bool) -> None:
+            save_path: str | None, save_raw: str | None, replay_file: str | None, disks: tuple[str, ...],
+            gpus: str | None, cpus: str | None, skip: tuple[str, ...], timeout_s: float | None, verbose: bool) -> None:
     """Check that this node is fit to run a training job, before the job starts.
 
     Exit codes: 0 ok, 1 warn, 2 critical, 3 unknown (or bad input). With --slurm: 0 unless a check is

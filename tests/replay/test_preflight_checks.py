@@ -520,6 +520,26 @@ def test_nvml_reader_turns_pynvml_types_into_json():
     assert all(r.result.status == "ok" for k, r in recs.items() if k[0] != "gpu.busy")
 
 
+def test_the_gpuhealth_probe_records_what_nvml_said_and_parses_it_back():
+    import threading
+
+    from trainprobe.probes.base import WatchSpec, run_read
+    from trainprobe.probes.gpuhealth import GpuHealthProbe
+
+    class Probe(GpuHealthProbe):
+        nvml_factory = _FakeNvml
+
+    cap = run_read(Probe(), "nvml", WatchSpec(pid=0, window_s=0.0), threading.Event())
+    rec = Probe.parse(cap)["nvml"]
+    assert rec["error"] is None and not rec["timed_out"]
+    direct = gpuhealth.read_gpus(nvml_factory=_FakeNvml)
+    for key in ("read_unix", "seconds", "timing"):
+        rec["data"].pop(key), direct.pop(key)
+    assert rec["data"] == direct                        # the artifact holds the read, unchanged
+    assert [p["kind"] for p in cap.provenance] == ["nvml", "read"]
+    assert run_gpu(Probe.parse(cap)["nvml"]["data"])[("gpu.ecc", "gpu0")].result.status == "ok"
+
+
 # -- conformance -------------------------------------------------------------------------------------
 
 def test_every_check_is_registered_once_reads_what_exists_and_is_documented():
