@@ -342,6 +342,9 @@ class Probe:
     cost: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 10.0     # allowed beyond the window before the probe is abandoned
     default_enabled: ClassVar[bool] = True
+    # The commands that run this probe: diagnose watches a process over a window; preflight reads
+    # the node before a job starts (ReadingProbe).
+    commands: ClassVar[tuple[str, ...]] = ("diagnose",)
     # The measured cost model (docs/cost.md), capture and parse: CPU-s = fixed + per_s * window +
     # per_process * (processes - 1); RSS of its children.
     cost_cpu_s_fixed: ClassVar[float] = 0.0
@@ -352,9 +355,6 @@ class Probe:
     # them what is left of the budget, in this order, through `fit_budget`.
     adjustable: ClassVar[bool] = False
     budget_priority: ClassVar[int] = 100
-    # The commands that run this probe: diagnose watches a process over a window; preflight reads
-    # the node before a job starts (ReadingProbe).
-    commands: ClassVar[tuple[str, ...]] = ("diagnose",)
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""
@@ -432,6 +432,11 @@ class ReadRecord(TypedDict):
     timed_out: bool
     seconds: float
     timeout_s: float | None         # the timeout it ran under (the runner's)
+
+
+def reads_schema(name: str, reads: dict[str, str]) -> Any:
+    """A ReadingProbe's evidence schema: a ReadRecord for each read it may have done."""
+    return TypedDict(name, {r: ReadRecord for r in reads}, total=False)  # type: ignore[operator]
 
 
 class ReadingProbe(Probe):

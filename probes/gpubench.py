@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec
+from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec, reads_schema
 from trainprobe.probes.errors import ProbeError, TimedOut
 
 SCHEMA = "trainprobe.gpubench/1"
@@ -191,6 +191,7 @@ class GpuBenchProbe(ReadingProbe):
     cost = "a CUDA context and a few seconds per GPU, at full load (opt in: preflight --active)"
     timeout_s = 120.0
     reads = {"gpubench": "the active GPU tier (torch)"}
+    evidence_schema = reads_schema("GpuBenchReads", reads)
 
     def check(self, spec: WatchSpec) -> Availability:
         # torch missing or CPU-only is said by the child, in the read: the checks report it.

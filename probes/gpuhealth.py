@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, ClassVar, Iterator
 
-from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec
+from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec, reads_schema
 from trainprobe.probes.errors import Unavailable
 from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 from trainprobe.probes.parsers.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
@@ -284,6 +284,7 @@ class GpuHealthProbe(ReadingProbe):
     cost = "a few hundred NVML calls, well under a second for 8 GPUs; nothing is changed on the GPU"
     timeout_s = 30.0
     reads = {"nvml": "NVML"}
+    evidence_schema = reads_schema("GpuHealthReads", reads)
     nvml_factory: ClassVar[Callable[[float], Nvml]] = Nvml     # the one door to NVML
 
     def check(self, spec: WatchSpec) -> Availability:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec
+from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec, reads_schema
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.parsers.hw import PCI_VENDOR_NVIDIA
 from trainprobe.probes.errors import PermissionDenied, Unavailable, translate_oserror
@@ -319,6 +319,7 @@ class HostProbe(ReadingProbe):
         "prereqs": "trainprobe's probe prerequisites",
         "pci": "/sys/bus/pci/devices",
     }
+    evidence_schema = reads_schema("HostReads", reads)
 
     def check(self, spec: WatchSpec) -> Availability:
         if not os.path.isdir(spec.root):

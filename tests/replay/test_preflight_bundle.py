@@ -13,7 +13,7 @@ from trainprobe.agent import bundle
 from trainprobe.agent.preflight import profile as profiles
 from trainprobe.agent.preflight.engine import Context
 from trainprobe.agent.preflight.runner import PROBES, load_replay, parse_reads, run
-from trainprobe.probes.base import Capture
+from trainprobe.probes.base import Capture, ReadRecord
 from trainprobe.probes.errors import BadInput
 from trainprobe.probes.parsers import hostfacts
 from tests.helpers import run_cli
@@ -45,6 +45,10 @@ def test_every_capture_is_a_preflight_probe_and_parses():
     assert sorted(c.probe for c in b.captures) == ["gpubench", "gpuhealth", "host"]
     reads = parse_reads(b.captures)
     assert set(reads) == {r for p in PROBES.values() for r in p.reads}
+    for cap in b.captures:                                 # the declared shape of each probe's evidence
+        parsed = PROBES[cap.probe].parse(cap)
+        assert set(parsed) <= set(PROBES[cap.probe].evidence_schema.__annotations__)
+        assert all(set(r) == set(ReadRecord.__annotations__) for r in parsed.values())
     assert all(r["error"] is None and not r["timed_out"] for r in reads.values())
     mem = hostfacts.parse_meminfo(reads["meminfo"]["data"])
     assert mem["MemTotal"] > 1 << 30

@@ -36,11 +36,12 @@ def test_probe_declares_metadata(cls):
 
 
 def test_every_module_at_the_top_of_probes_is_a_registered_probe():
-    """probes/ holds probes: besides the framework (base, errors, registry), each module there
+    """probes/ holds probes: besides the framework (what a probe is, its errors, the list of probes,
+    and the declared shapes of their evidence where a schema module holds them), each module there
     defines a Probe subclass listed in probes/registry.py; parsers and shared access live below."""
     registered = {(c.__module__, c.__name__) for c in PROBES}
     for path in sorted((REPO / "probes").glob("*.py")):
-        if path.stem in ("base", "errors", "registry", "__init__"):
+        if path.stem in ("base", "errors", "registry", "schema", "__init__"):
             continue
         mod = importlib.import_module(f"trainprobe.probes.{path.stem}")
         own = [c for c in vars(mod).values()
@@ -58,6 +59,7 @@ def test_preflight_probes_stay_out_of_diagnose():
     for cls in pre:
         assert issubclass(cls, ReadingProbe) and cls.reads and not cls.default_enabled
         assert "diagnose" not in cls.commands
+        assert set(cls.evidence_schema.__annotations__) == set(cls.reads), "one ReadRecord per read"
     assert not {c.name for c in pre} & {c.name for c in probe_classes("diagnose")}
     # Not even --deep (all of diagnose's probes) runs them, so they never enter the budget plan.
     assert not {c.name for c in pre} & {p.name for p in select_probes(deep=True)}
