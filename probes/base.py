@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, TypedDict
+from typing import Any, Callable, ClassVar, Dict, Optional, TypedDict
 
 from trainprobe.probes.parsers import redact
 from trainprobe.probes.errors import ProbeError, TimedOut, parser, translate_oserror
@@ -425,13 +425,14 @@ def guarded(fn: Callable[..., Any], *a: Any, **kw: Any) -> tuple[Any, ProbeError
 # -- probes made of reads (preflight) ---------------------------------------------------------------
 
 class ReadRecord(TypedDict):
-    """One read of a ReadingProbe as the checks see it (ReadingProbe.parse gives one per read)."""
+    """One read of a ReadingProbe as the checks see it (ReadingProbe.parse gives one per read).
+    Optional, not `X | None`: the evidence-schema checker reads typing's forms."""
 
-    data: Any                       # the read's raw value; None when it did not answer
-    error: dict[str, str] | None    # {kind, message} in the probes.errors taxonomy
+    data: Any                           # the read's raw value; None when it did not answer
+    error: Optional[Dict[str, str]]     # {kind, message} in the probes.errors taxonomy
     timed_out: bool
     seconds: float
-    timeout_s: float | None         # the timeout it ran under (the runner's)
+    timeout_s: Optional[float]          # the timeout it ran under (the runner's)
 
 
 def reads_schema(name: str, reads: dict[str, str]) -> Any:
