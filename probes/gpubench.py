@@ -202,9 +202,10 @@ class GpuBenchProbe(ReadingProbe):
             from trainprobe.probes.gpuhealth import TREE_NO_DEVICES
             return {"schema": SCHEMA, "error": TREE_NO_DEVICES, "devices": []}
         a = spec.options.get("active") or {}
-        return run_child(rec, spec.options.get("gpus"), float(spec.options.get("active_timeout_s", self.timeout_s)),
-                         gemm_n=int(a.get("gemm_n", 8192)), gemm_seconds=float(a.get("gemm_seconds", 0.5)),
-                         copy_mib=int(a.get("copy_mib", 256)), copy_reps=int(a.get("copy_reps", 10)))
+        timeout_s = float(spec.options.get("active_timeout_s", self.timeout_s))
+        return run_child(rec, spec.options.get("gpus"), timeout_s, gemm_n=int(a.get("gemm_n", 8192)),
+                         gemm_seconds=float(a.get("gemm_seconds", 0.5)), copy_mib=int(a.get("copy_mib", 256)),
+                         copy_reps=int(a.get("copy_reps", 10)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -300,4 +300,3 @@ class GpuHealthProbe(ReadingProbe):
         rec.note("nvml", f"{out.get('nvml_calls', 0)} NVML calls", 0 if out["error"] is None else -1,
                  out["read_unix"], out.get("seconds", 0.0))
         return out
-
