@@ -1,9 +1,11 @@
-"""Bundles: the raw evidence of one diagnosis, saved so it can be re-diagnosed offline.
+"""Bundles: the raw evidence of one diagnosis or preflight run, saved so it can be judged offline.
 
 A bundle holds every probe's Capture (raw text and provenance, as Capture.to_dict()), the
-diagnosis context (host, target, window), the overhead and notes of the live run, and the report
-the live run printed. `trainprobe report BUNDLE` re-runs the parsers and the rules on the
-captures (agent.diagnosis.report_from), so the same findings come back on another machine.
+run's context (diagnosis: host, target, window; preflight: `"command": "preflight"`, host, tiers),
+the overhead and notes of the live run, and the report the live run printed. `trainprobe report
+BUNDLE` re-runs the parsers and the rules on a diagnosis's captures (agent.diagnosis.report_from),
+so the same findings come back on another machine; `trainprobe preflight --replay BUNDLE` re-runs
+the preflight probes' parsers and the checks (agent.preflight.runner).
 
 Layout, as a directory or inside a .tar.gz (under one top folder):
     bundle.json            schema, tool, saved_unix, context, overhead, notes, captures (file names)

@@ -74,9 +74,10 @@ def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, fl
 
 
 def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: bool = False) -> list[Probe]:
-    """The probes to run: `only` if given, else every default probe (every probe with `deep`)."""
+    """Diagnose's probes to run: `only` if given, else every default probe (every probe with `deep`).
+    Preflight's probes (host, gpuhealth, gpubench) are never among them."""
     out = []
-    for cls in probe_classes():
+    for cls in probe_classes("diagnose"):
         if only and cls.name not in only:
             continue
         if cls.name in skip or (not only and not deep and not cls.default_enabled):

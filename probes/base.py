@@ -7,13 +7,14 @@ replayed bundle. Probes never import `agent` or `reports`.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Dict, Optional, TypedDict
 
 from trainprobe.probes.parsers import redact
 from trainprobe.probes.errors import ProbeError, TimedOut, parser, translate_oserror
@@ -341,6 +342,9 @@ class Probe:
     cost: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 10.0     # allowed beyond the window before the probe is abandoned
     default_enabled: ClassVar[bool] = True
+    # The commands that run this probe: diagnose watches a process over a window; preflight reads
+    # the node before a job starts (ReadingProbe).
+    commands: ClassVar[tuple[str, ...]] = ("diagnose",)
     # The measured cost model (docs/cost.md), capture and parse: CPU-s = fixed + per_s * window +
     # per_process * (processes - 1); RSS of its children.
     cost_cpu_s_fixed: ClassVar[float] = 0.0
@@ -424,3 +428,103 @@ def guarded(fn: Callable[..., Any], *a: Any, **kw: Any) -> tuple[Any, ProbeError
         return None, TimedOut(str(exc))
     except OSError as exc:
         return None, translate_oserror(exc, getattr(exc, "filename", None) or "system call")
+
+
+# -- probes made of reads (preflight) ---------------------------------------------------------------
+
+class ReadRecord(TypedDict):
+    """One read of a ReadingProbe as the checks see it (ReadingProbe.parse gives one per read).
+    Optional, not `X | None`: the evidence-schema checker reads typing's forms."""
+
+    data: Any                           # the read's raw value; None when it did not answer
+    error: Optional[Dict[str, str]]     # {kind, message} in the probes.errors taxonomy
+    timed_out: bool
+    seconds: float
+    timeout_s: Optional[float]          # the timeout it ran under (the runner's)
+
+
+def reads_schema(name: str, reads: dict[str, str]) -> Any:
+    """A ReadingProbe's evidence schema: a ReadRecord for each read it may have done."""
+    return TypedDict(name, {r: ReadRecord for r in reads}, total=False)  # type: ignore[operator]
+
+
+class ReadingProbe(Probe):
+    """A probe made of named reads of the node, each of which can run (and time out) on its own.
+
+    Preflight runs every read in its own thread under its own timeout (agent/preflight), so a hung
+    driver call fails the checks that needed that read and nothing else. A read touches the host
+    through the Recorder and returns its raw value; `run_read` stores that value as an artifact
+    (text as `<read>`, anything else as `<read>.json`) and its outcome in `meta["reads"]`, and
+    `parse` gives back one record per read, the same from a live run and from a bundle.
+    """
+
+    commands = ("preflight",)
+    default_enabled = False
+    reads: ClassVar[dict[str, str]] = {}       # read name -> what it reads, in words for messages
+
+    def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
+        """Do one read (its settings are in spec.options) and return its raw JSON-able value."""
+        raise NotImplementedError
+
+    def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
+        for name in self.reads:
+            merge_read(rec.capture, run_read(self, name, spec, rec.stop))
+
+    @staticmethod
+    def parse(capture: Capture) -> dict[str, ReadRecord]:
+        """-> {read: ReadRecord}: the value of every read that answered, from its artifact; for the
+        others, why not. A malformed capture names its probe."""
+        return parser(f"{capture.probe} capture")(_parse_reads)(capture)
+
+
+def _parse_reads(capture: Capture) -> dict[str, ReadRecord]:
+    out: dict[str, ReadRecord] = {}
+    for name, outcome in dict(capture.meta.get("reads") or {}).items():
+        err = outcome.get("error")
+        if err is not None and not (isinstance(err.get("kind"), str) and isinstance(err.get("message"), str)):
+            raise ValueError(f"read {name}: its error is not {{kind, message}}")
+        data = None
+        if not err:
+            if f"{name}.json" in capture.artifacts:
+                data = json.loads(capture.artifacts[f"{name}.json"])
+            else:
+                data = capture.artifacts[name]
+        out[str(name)] = ReadRecord(data=data, error=err, timed_out=bool(outcome.get("timed_out")),
+                                    seconds=float(outcome.get("seconds") or 0.0), timeout_s=outcome.get("timeout_s"))
+    return out
+
+
+def run_read(probe: ReadingProbe, name: str, spec: WatchSpec, stop: threading.Event) -> Capture:
+    """One read into a capture of its own (a read abandoned on its timeout writes only there)."""
+    part = Capture(probe.name, started_unix=time.time())
+    rec = Recorder(part, stop)
+    m0 = time.monotonic()
+    outcome: dict[str, Any] = {"error": None, "timed_out": False}
+    try:
+        value = probe.read(name, spec, rec)
+        rec.add(name if isinstance(value, str) else f"{name}.json",
+                value if isinstance(value, str) else json.dumps(value, default=str))
+    except ProbeError as exc:
+        # A read that bounds itself (a killed child, a hung NVML call) timed out all the same.
+        outcome.update(error={"kind": exc.kind, "message": str(exc)}, timed_out=exc.kind == "timed_out")
+    outcome["seconds"] = round(time.monotonic() - m0, 6)
+    if outcome["error"] is None:
+        rec.note("read", probe.reads.get(name, name), 0, part.started_unix, outcome["seconds"])
+    part.seconds = outcome["seconds"]
+    part.meta["reads"] = {name: outcome}
+    return part
+
+
+def merge_read(into: Capture, part: Capture, **outcome: Any) -> None:
+    """Add one read's capture to its probe's; `outcome` (timed_out, timeout_s) is the runner's word."""
+    into.artifacts.update(part.artifacts)
+    into.provenance.extend(part.provenance)
+    reads = into.meta.setdefault("reads", {})
+    for name, rec in part.meta.get("reads", {}).items():
+        reads[name] = {**rec, **outcome}
+    into.seconds = round(into.seconds + part.seconds, 6)
+
+
+def read_outcome(into: Capture, name: str, **outcome: Any) -> None:
+    """Record a read that gave no capture (it was abandoned, or its probe cannot run here)."""
+    into.meta.setdefault("reads", {})[name] = {"error": None, "timed_out": False, "seconds": 0.0, **outcome}

@@ -1,4 +1,5 @@
-"""Active GPU measurements with torch, run in a child process: `python -m trainprobe.probes.gpubench --json`.
+"""The gpubench probe (preflight --active): GPU measurements with torch, run in a child process
+(`python -m trainprobe.probes.gpubench`).
 
 Per GPU: a 1024x1024 fp32 matmul (TF32 off) compared with a float64 CPU reference (relative
 error, NaN/Inf), the achieved bf16 GEMM rate on 8192x8192 matrices, and pinned host-to-device and
@@ -14,9 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from typing import Any
+
+from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec, reads_schema
+from trainprobe.probes.errors import ProbeError, TimedOut
 
 SCHEMA = "trainprobe.gpubench/1"
 
@@ -145,14 +151,10 @@ def run(gpus: list[int] | None, device_kind: str, gemm_n: int, gemm_seconds: flo
     return out
 
 
-def run_child(gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192, gemm_seconds: float = 0.5,
-              copy_mib: int = 256, copy_reps: int = 10, device: str = "cuda") -> dict[str, Any]:
-    """Run the measurements in a child process and kill it if it overruns `timeout_s`."""
-    import subprocess  # noqa: PLC0415
-
-    from trainprobe.probes.base import _set_parent_death_signal  # noqa: PLC0415
-    from trainprobe.probes.errors import ProbeError, TimedOut  # noqa: PLC0415
-
+def run_child(rec: Recorder, gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192,
+              gemm_seconds: float = 0.5, copy_mib: int = 256, copy_reps: int = 10,
+              device: str = "cuda") -> dict[str, Any]:
+    """Run the measurements in a child process (tracked by `rec`) and kill it if it overruns `timeout_s`."""
     argv = [sys.executable, "-m", "trainprobe.probes.gpubench", "--device", device, "--gemm-n", str(gemm_n),
             "--gemm-seconds", str(gemm_seconds), "--copy-mib", str(copy_mib), "--copy-reps", str(copy_reps)]
     if gpus is not None:
@@ -160,8 +162,8 @@ def run_child(gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192, gemm
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=_set_parent_death_signal(9))
+    proc = rec.spawn(argv, stop_signal=signal.SIGKILL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True, env=env)
     try:
         out, err = proc.communicate(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
@@ -172,11 +174,38 @@ def run_child(gpus: list[int] | None, timeout_s: float, gemm_n: int = 8192, gemm
             pass  # stuck in the driver (D state): leave it, do not hang with it
         raise TimedOut(f"the active GPU tier did not finish within {timeout_s:g} s and was killed "
                        "(a hung CUDA call?)") from None
+    rec.finish(proc, 0.0)
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (err.strip().splitlines() or ["no output"])[-1]
         raise ProbeError(f"the active GPU tier exited with code {proc.returncode}: {tail}")
     return json.loads(lines[-1])
+
+
+class GpuBenchProbe(ReadingProbe):
+    """The active GPU tier: matmul correctness, GEMM rate and pinned copy bandwidth, per GPU."""
+
+    name = "gpubench"
+    description = "Active GPU tests: matmul vs CPU, bf16 GEMM rate, pinned copy bandwidth"
+    needs = ("torch with CUDA", "idle GPUs")
+    cost = "a CUDA context and a few seconds per GPU, at full load (opt in: preflight --active)"
+    timeout_s = 120.0
+    reads = {"gpubench": "the active GPU tier (torch)"}
+    evidence_schema = reads_schema("GpuBenchReads", reads)
+
+    def check(self, spec: WatchSpec) -> Availability:
+        # torch missing or CPU-only is said by the child, in the read: the checks report it.
+        return Availability.yes()
+
+    def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
+        if spec.root != "/":
+            from trainprobe.probes.gpuhealth import TREE_NO_DEVICES
+            return {"schema": SCHEMA, "error": TREE_NO_DEVICES, "devices": []}
+        a = spec.options.get("active") or {}
+        timeout_s = float(spec.options.get("active_timeout_s", self.timeout_s))
+        return run_child(rec, spec.options.get("gpus"), timeout_s, gemm_n=int(a.get("gemm_n", 8192)),
+                         gemm_seconds=float(a.get("gemm_seconds", 0.5)), copy_mib=int(a.get("copy_mib", 256)),
+                         copy_reps=int(a.get("copy_reps", 10)))
 
 
 def main(argv: list[str] | None = None) -> int:

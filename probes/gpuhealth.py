@@ -1,4 +1,4 @@
-"""Passive GPU health reads through NVML: one JSON-able dict per node, for checks to judge.
+"""The gpuhealth probe (preflight): passive GPU health reads through NVML, one JSON-able dict per node.
 
 Reads, for every GPU NVML sees: identity, persistence/compute/MIG mode, ECC mode and error counts
 (total, DRAM, SRAM; volatile and aggregate), row remapping, retired pages, GPU recovery action,
@@ -9,21 +9,26 @@ timeout, NVML errors become NA). After one call hangs, the rest are skipped rath
 waiting out its own timeout. Nothing is changed on the GPU. Cost: a few hundred NVML calls,
 typically well under a second for 8 GPUs.
 
-The result is plain JSON (an unreadable value is {"na": "why"}), so it can be saved with
-`trainprobe preflight --save-raw` and replayed with `--replay`.
+The result is plain JSON (an unreadable value is {"na": "why"}), recorded as the capture's
+`nvml.json` artifact, so it can be saved with `trainprobe preflight --save` and judged again with
+`--replay`.
 """
 from __future__ import annotations
 
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
+from trainprobe.probes.base import Availability, ReadingProbe, Recorder, WatchSpec, reads_schema
 from trainprobe.probes.errors import Unavailable
 from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
 from trainprobe.probes.parsers.hw import cpus_from_nvml_words, format_cpulist, nvml_affinity_words
 
 SCHEMA = "trainprobe.gpuhealth/1"
+# A captured tree (--root / TRAINPROBE_ROOT) holds files, not a driver: NVML and torch would read
+# this machine's devices instead, so under a tree the device reads say so and read nothing.
+TREE_NO_DEVICES = "no NVIDIA driver in a captured tree (NVML and CUDA read only the live host)"
 
 
 def na(value: Any) -> bool:
@@ -268,3 +273,30 @@ def read_gpus(indices: list[int] | None = None, call_timeout_s: float = 5.0,
         else:
             nv.close()
     return out
+
+
+class GpuHealthProbe(ReadingProbe):
+    """Every GPU's passive health through NVML: one read, bounded call by call."""
+
+    name = "gpuhealth"
+    description = "GPU health through NVML: ECC, remapped rows, clocks, PCIe and NVLink, processes"
+    needs = ("NVIDIA driver (NVML)",)
+    cost = "a few hundred NVML calls, well under a second for 8 GPUs; nothing is changed on the GPU"
+    timeout_s = 30.0
+    reads = {"nvml": "NVML"}
+    evidence_schema = reads_schema("GpuHealthReads", reads)
+    nvml_factory: ClassVar[Callable[[float], Nvml]] = Nvml     # the one door to NVML
+
+    def check(self, spec: WatchSpec) -> Availability:
+        # NVML that cannot start is a value of the read, not a skip: the GPU checks compare it
+        # with the GPUs on the PCI bus and fail closed.
+        return Availability.yes()
+
+    def read(self, name: str, spec: WatchSpec, rec: Recorder) -> Any:
+        if spec.root != "/":
+            return {"schema": SCHEMA, "error": TREE_NO_DEVICES, "count": None, "gpus": [], "timing": {}}
+        out = read_gpus(spec.options.get("gpus"), float(spec.options.get("nvml_call_s", 5.0)),
+                        type(self).nvml_factory)
+        rec.note("nvml", f"{out.get('nvml_calls', 0)} NVML calls", 0 if out["error"] is None else -1,
+                 out["read_unix"], out.get("seconds", 0.0))
+        return out

@@ -1,4 +1,4 @@
-"""The list of probes. A new probe is one module in probes/ and one line here."""
+"""The list of probes, diagnose's and preflight's. A new probe is one module in probes/ and one line here."""
 from __future__ import annotations
 
 import importlib
@@ -18,13 +18,20 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("trainprobe.probes.sched", "SchedProbe"),
     ("trainprobe.probes.syscalls", "SyscallsProbe"),
     ("trainprobe.probes.gil", "GilProbe"),
+    # preflight's probes: the node's health before a job starts
+    ("trainprobe.probes.host", "HostProbe"),
+    ("trainprobe.probes.gpuhealth", "GpuHealthProbe"),
+    ("trainprobe.probes.gpubench", "GpuBenchProbe"),
 )
 
 
-def probe_classes() -> list[Type[Probe]]:
+def probe_classes(command: str | None = None) -> list[Type[Probe]]:
+    """Every probe, or those of one command ("diagnose", "preflight": a probe's `commands`)."""
     out = []
     for mod, cls in PROBES:
-        out.append(getattr(importlib.import_module(mod), cls))
+        c = getattr(importlib.import_module(mod), cls)
+        if command is None or command in c.commands:
+            out.append(c)
     return out
 
 

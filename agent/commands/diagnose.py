@@ -55,7 +55,7 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     from trainprobe.probes.registry import probe_classes
     from trainprobe.reports import output
 
-    known = {c.name for c in probe_classes()}
+    known = {c.name for c in probe_classes("diagnose")}
     unknown = [n for n in _names(only) + _names(skip) if n not in known]
     if unknown:
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",

@@ -55,10 +55,14 @@ def _indices(value: str | None, what: str) -> list[int] | None:
 @click.option("--slurm", is_flag=True,
               help="Slurm prolog / HealthCheckProgram mode: exit non-zero only when a check is critical, and print "
                    "one line (the drain reason, prefixed 'trainprobe:') on stdout.")
+@click.option("--save", "save_path", default=None, metavar="BUNDLE",
+              help="Also save the probes' captures (every read, with where it came from) to BUNDLE (a directory, or "
+                   "an archive when it ends in .tar.gz), for --replay.")
 @click.option("--save-raw", "save_raw", default=None, metavar="FILE",
-              help="Save everything that was read (host, NVML, active measurements) as JSON, for --replay.")
-@click.option("--replay", "replay_file", default=None, metavar="FILE",
-              help="Judge the reads saved in FILE (by --save-raw) instead of reading this host.")
+              help="Save everything that was read (host, NVML, active measurements) as one JSON file, for --replay.")
+@click.option("--replay", "replay_file", default=None, metavar="BUNDLE|FILE",
+              help="Judge the reads saved in BUNDLE (by --save) or FILE (by --save-raw) with this trainprobe's "
+                   "checks and the profile given now, instead of reading this host.")
 @click.option("--disk", "disks", multiple=True, metavar="PATH",
               help="Also check free space on PATH (repeatable); the profile lists / and /tmp.")
 @click.option("--gpus", default=None, metavar="LIST",
@@ -74,8 +78,8 @@ def _indices(value: str | None, what: str) -> list[int] | None:
 @click.option("-v", "--verbose", is_flag=True, help="Explain every check, not only the problems.")
 @click.pass_obj
 def command(app: App, profile_name: str | None, active: bool, as_json: bool, prom_file: str | None, slurm: bool,
-            save_raw: str | None, replay_file: str | None, disks: tuple[str, ...], gpus: str | None,
-            cpus: str | None, skip: tuple[str, ...], timeout_s: float | None, verbose: bool) -> None:
+            save_path: str | None, save_raw: str | None, replay_file: str | None, disks: tuple[str, ...],
+            gpus: str | None, cpus: str | None, skip: tuple[str, ...], timeout_s: float | None, verbose: bool) -> None:
     """Check that this node is fit to run a training job, before the job starts.
 
     Exit codes: 0 ok, 1 warn, 2 critical, 3 unknown (or bad input). With --slurm: 0 unless a check is
@@ -88,11 +92,14 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
     from trainprobe.probes.errors import BadInput
 
     t0 = time.monotonic()
+    if save_path and replay_file:
+        raise click.UsageError("--save saves what this host reads: it cannot be given with --replay")
     try:
         prof = profiles.load(profile_name)
         replay = load_replay(replay_file) if replay_file else None
     except BadInput as exc:
         raise app.fail(str(exc), BAD_INPUT) from None
+    _check_save(app, save_path)
     gpu_list = _indices(gpus, "--gpus")
     if gpu_list is None and slurm and os.environ.get("SLURM_JOB_GPUS"):
         gpu_list = _indices(os.environ["SLURM_JOB_GPUS"], "SLURM_JOB_GPUS")
@@ -105,8 +112,10 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
         t = prof["timeouts"]
         n_gpus = len(gpu_list) if gpu_list else 8
         timeout_s = PASSIVE_DEADLINE_S + (float(t["active_s"]) + float(t["active_per_gpu_s"]) * n_gpus if active else 0)
-    raw, records, abandoned = run(ctx, tiers, skip=list(skip), deadline_s=timeout_s, replay=replay)
+    result = run(ctx, tiers, skip=list(skip), deadline_s=timeout_s, replay=replay)
+    raw, records, abandoned = result.raw, result.records, result.abandoned
     rep = preport.build(raw, records, prof, slurm, time.monotonic() - t0, replayed_from=replay_file)
+    _save(app, save_path, result, rep)
 
     if save_raw:
         try:
@@ -139,6 +148,30 @@ def command(app: App, profile_name: str | None, active: bool, as_json: bool, pro
         os._exit(code)
     if code:
         raise click.exceptions.Exit(code)
+
+
+def _check_save(app: App, path: str | None) -> None:
+    """Refuse an unwritable bundle path before anything is read."""
+    from trainprobe.agent import bundle
+
+    if path:
+        try:
+            bundle.check_target(path)
+        except bundle.BundleError as exc:
+            raise app.fail(str(exc), BAD_INPUT) from None
+
+
+def _save(app: App, path: str | None, result, rep: dict) -> None:
+    from trainprobe.agent import bundle
+    from trainprobe.agent.preflight.runner import bundle_context
+
+    if not path:
+        return
+    try:
+        bundle.save(path, result.captures, bundle_context(result.raw), rep)
+    except bundle.BundleError as exc:
+        raise app.fail(str(exc), BAD_INPUT) from None
+    app.progress(f"saved the reads to {path} (judge them again with `trainprobe preflight --replay {path}`)")
 
 
 def _slurm_summary(rep: dict) -> str:

@@ -75,6 +75,9 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
         b = bundle.load(bundle_path)
     except bundle.BundleError as exc:
         raise app.fail(str(exc), EXIT_BAD_INPUT) from None
+    if b.context.get("command") == "preflight":
+        raise app.fail(f"{bundle_path} is a preflight bundle: judge it with `trainprobe preflight --replay "
+                       f"{bundle_path}`", EXIT_BAD_INPUT)
     if not isinstance(b.context.get("window"), dict):
         raise app.fail(f"{bundle_path}: the bundle has no diagnosis window in its context", EXIT_BAD_INPUT)
     notes = b.context.get("session_notes")

@@ -1,6 +1,6 @@
 """`trainprobe preflight`: is this node fit to run a training job, and if not, why?
 
-Reads come from probes/ (hostinfo, gpuhealth, gpubench) and are stored raw; checks are pure
+Reads come from the preflight probes (host, gpuhealth, gpubench) and are stored raw; checks are pure
 functions of those reads and of a profile (the node type's expectations, as data). Every check
 gives a status (ok, warn, critical, unknown), what it observed against what it expected, a
 remediation line and how long it took. The node's status is the worst status of its checks.

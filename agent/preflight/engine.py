@@ -1,7 +1,7 @@
 """The tier runner: do the reads (each bounded by its own timeout), then judge them with the checks.
 
-A read touches the host (a probes/ reader) and returns raw JSON-able data; it runs in its own
-daemon thread and is abandoned, not waited for, when it overruns its timeout, so a hung driver
+A read touches the host (one read of a preflight probe) and returns what it recorded; it runs in
+its own daemon thread and is abandoned, not waited for, when it overruns its timeout, so a hung driver
 call or a hung filesystem cannot hang preflight. A check is a pure function of the reads and the
 profile, registered with @check; the engine, not the check, turns a missing or timed-out read into
 the check's status and says which read it was.
@@ -45,7 +45,7 @@ class Context:
 class ReadSpec:
     name: str
     tier: str
-    fn: Callable[[Context, dict[str, Any]], Any]          # (context, reads so far) -> raw data
+    fn: Callable[[Context, dict[str, Any]], Any]          # (context, reads so far) -> what it read
     timeout_s: Callable[[Context, dict[str, Any]], float]
     on_timeout: str = "unknown"    # status of the checks that needed it, when it hangs
     what: str = ""                 # for messages: what it reads

@@ -1,6 +1,7 @@
 """Host checks: CPUs, memory, /dev/shm, limits, kernel memory settings, disks, the kernel log.
 
-Each is a pure function of raw reads (probes/hostinfo.py) and the profile.
+Each is a pure function of the host probe's reads (probes/host.py; parsers in probes/parsers/hostfacts.py)
+and the profile.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from trainprobe.agent.preflight import GIB, Result, gib
 from trainprobe.agent.preflight.engine import Reads, check
-from trainprobe.probes import hostinfo
+from trainprobe.probes.parsers import hostfacts
 from trainprobe.probes.parsers.procfs import format_cpulist, parse_cpulist
 
 
@@ -82,7 +83,7 @@ def cpu_governor(r: Reads, p: dict[str, Any]) -> Result:
 
 @check("host.memory", "host", ("meminfo",))
 def memory(r: Reads, p: dict[str, Any]) -> Result:
-    m = hostinfo.parse_meminfo(r.data("meminfo"))
+    m = hostfacts.parse_meminfo(r.data("meminfo"))
     total, avail = m.get("MemTotal"), m.get("MemAvailable")
     want = float(p["host"]["min_memory_gib"])
     frac_min = float(p["host"]["min_memory_available_fraction"])
@@ -108,7 +109,7 @@ def memory(r: Reads, p: dict[str, Any]) -> Result:
 
 @check("host.swap", "host", ("meminfo",))
 def swap(r: Reads, p: dict[str, Any]) -> Result:
-    m = hostinfo.parse_meminfo(r.data("meminfo"))
+    m = hostfacts.parse_meminfo(r.data("meminfo"))
     total, free = m.get("SwapTotal", 0), m.get("SwapFree", 0)
     used = total - free
     mode = p["host"]["swap"]
@@ -130,7 +131,7 @@ def swap(r: Reads, p: dict[str, Any]) -> Result:
 
 @check("host.shm", "host", ("shm",))
 def shm(r: Reads, p: dict[str, Any]) -> Result:
-    s = hostinfo.parse_shm(r.data("shm"))
+    s = hostfacts.parse_shm(r.data("shm"))
     want = float(p["host"]["min_shm_gib"]) * GIB
     expected = f">= {gib(want)} size and free"
     fix = ("docker run --shm-size=16g (Kubernetes: an emptyDir with medium: Memory at /dev/shm); "
@@ -165,7 +166,7 @@ def shm(r: Reads, p: dict[str, Any]) -> Result:
 
 @check("host.memlock", "host", ("limits",))
 def memlock(r: Reads, p: dict[str, Any]) -> Result:
-    lim = hostinfo.parse_limits(r.data("limits")).get("memlock")
+    lim = hostfacts.parse_limits(r.data("limits")).get("memlock")
     want_gib = float(p["host"]["memlock_gib"])
     expected = "unlimited" if want_gib < 0 else f">= {want_gib:g} GiB"
     if lim is None:
@@ -187,7 +188,7 @@ def memlock(r: Reads, p: dict[str, Any]) -> Result:
 
 @check("host.nofile", "host", ("limits",))
 def nofile(r: Reads, p: dict[str, Any]) -> Result:
-    lim = hostinfo.parse_limits(r.data("limits")).get("nofile")
+    lim = hostfacts.parse_limits(r.data("limits")).get("nofile")
     want = int(p["host"]["min_nofile"])
     expected = f">= {want}"
     if lim is None:
@@ -209,13 +210,13 @@ def nofile(r: Reads, p: dict[str, Any]) -> Result:
 @check("host.thp", "host", ("vm",))
 def thp(r: Reads, p: dict[str, Any]) -> Result:
     d = r.data("vm")
-    mode = hostinfo.bracketed(d.get("thp_enabled"))
+    mode = hostfacts.bracketed(d.get("thp_enabled"))
     allowed = list(p["host"]["thp"])
     expected = " or ".join(allowed) if allowed else "any"
     src = "/sys/kernel/mm/transparent_hugepage/enabled"
     if mode is None:
         return Result("ok", "no THP", expected, "not applicable: the kernel has no transparent huge pages", source=src)
-    observed = f"{mode} (defrag {hostinfo.bracketed(d.get('thp_defrag'))})"
+    observed = f"{mode} (defrag {hostfacts.bracketed(d.get('thp_defrag'))})"
     if allowed and mode not in allowed:
         return Result("warn", observed, expected,
                       f"transparent huge pages are '{mode}': large host buffers use 4 KiB pages",
@@ -304,7 +305,7 @@ def kernel_log(r: Reads, p: dict[str, Any]) -> Result:
                       remediation="run preflight as root (a Slurm prolog does), or sysctl kernel.dmesg_restrict=0",
                       source="/dev/kmsg")
     d = r.data("kernel_log")
-    events = hostinfo.classify_kernel_events(d)
+    events = hostfacts.classify_kernel_events(d)
     warn_xids = set(int(x) for x in p["gpu"]["xid_warn_only"])
     window = hours * 3600
     statuses = []

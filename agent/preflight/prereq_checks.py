@@ -9,7 +9,7 @@ from typing import Any
 
 from trainprobe.agent.preflight import Result
 from trainprobe.agent.preflight.engine import Reads, check
-from trainprobe.probes.hostinfo import CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, has_cap
+from trainprobe.probes.parsers.hostfacts import CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, has_cap
 
 _HW_PMU_PREFIXES = ("cpu", "armv8", "armv9", "arm_cortex", "arm_neoverse", "power", "riscv")
 

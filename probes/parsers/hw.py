@@ -1,8 +1,8 @@
 """Hardware facts, each defined once and read by diagnose and preflight alike.
 
 Pure: tables and parsers of text the host prints (sysfs link attributes, NVML's bus ids and CPU
-affinity words, NVML's clock-event bitmask). Nothing here touches the host; the readers in
-probes/ (topology, gpu, hostinfo, gpuhealth) and the checks and rules that judge their output
+affinity words, NVML's clock-event bitmask). Nothing here touches the host; the probes in
+probes/ (topology, gpu, host, gpuhealth) and the checks and rules that judge their output
 import these instead of keeping their own copies.
 """
 from __future__ import annotations

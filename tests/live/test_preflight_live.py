@@ -175,18 +175,23 @@ def test_active_tier_here_says_why_it_cannot_run(tmp_path):
 
 
 def test_gpubench_child_runs_and_is_killed_on_timeout():
+    import threading
+
     import psutil
 
     from trainprobe.probes import gpubench
+    from trainprobe.probes.base import Capture, Recorder
     from trainprobe.probes.errors import TimedOut
-    res = gpubench.run_child(None, 120, gemm_n=256, gemm_seconds=0.2, device="cpu")
+    rec = Recorder(Capture("gpubench"), threading.Event())
+    res = gpubench.run_child(rec, None, 120, gemm_n=256, gemm_seconds=0.2, device="cpu")
+    assert rec.capture.provenance[0]["rc"] == 0 and "trainprobe.probes.gpubench" in rec.capture.provenance[0]["what"]
     dev = res["devices"][0]
     assert dev["matmul"]["finite"] and dev["matmul"]["max_rel_error"] < 1e-4
     assert dev["gemm"]["tflops"] > 0 and dev["gemm"]["seconds"] >= 0.2
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     t0 = time.monotonic()
     with pytest.raises(TimedOut, match="killed"):
-        gpubench.run_child(None, 0.2, device="cpu")   # importing torch alone takes longer
+        gpubench.run_child(rec, None, 0.2, device="cpu")   # importing torch alone takes longer
     assert time.monotonic() - t0 < 5
     time.sleep(0.2)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
@@ -202,6 +207,32 @@ def test_save_and_replay_give_the_same_verdicts(tmp_path):
     assert r1.rc == r2.rc and b["replayed_from"] == str(raw)
     saved = json.loads(raw.read_text())
     assert saved["schema"] == "trainprobe.preflight.raw/1" and "meminfo" in saved["reads"]
+
+
+def test_saved_bundle_replays_the_same_verdicts(tmp_path):
+    """--save writes the probes' captures as a bundle; --replay judges them again offline."""
+    saved = tmp_path / "preflight.tar.gz"
+    r1 = cli("preflight", "--json", "--save", str(saved), "--disk", "/tmp")
+    assert "saved the reads to" in r1.err
+    r2 = cli("preflight", "--json", "--replay", str(saved))
+    a, b = r1.json(), r2.json()
+    assert [(c["check"], c["target"], c["status"], c["observed"], c["value"]) for c in a["checks"]] == \
+        [(c["check"], c["target"], c["status"], c["observed"], c["value"]) for c in b["checks"]]
+    assert r1.rc == r2.rc == a["exit_code"] and b["replayed_from"] == str(saved)
+    assert b["host"] == a["host"] and b["tiers"] == a["tiers"]
+    assert oct(saved.stat().st_mode & 0o777) == "0o600"
+    from trainprobe.agent import bundle
+    caps = {c.probe: c for c in bundle.load(str(saved)).captures}
+    assert set(caps) == {"host", "gpuhealth"}
+    assert caps["host"].artifacts["meminfo"].startswith("MemTotal:")
+    assert any(p["what"] == "/proc/meminfo" and p["kind"] == "file" for p in caps["host"].provenance)
+    # A stricter profile given at replay judges the same reads again.
+    strict = tmp_path / "strict.json"
+    strict.write_text(json.dumps({"host": {"min_nofile": 1 << 30}}))
+    r3 = cli("preflight", "--json", "--replay", str(saved), "--profile", str(strict))
+    assert by_check(r3.json())[("host.nofile", None)]["status"] in ("warn", "critical")
+    # Both together, or a diagnosis bundle, are refused as bad input.
+    assert cli("preflight", "--save", str(tmp_path / "x.tar.gz"), "--replay", str(saved)).rc == 3
 
 
 def test_table_and_bad_input(tmp_path):

@@ -13,7 +13,8 @@ from trainprobe.agent.preflight import profile as profiles
 from trainprobe.agent.preflight import report as preport
 from trainprobe.agent.preflight.engine import CheckSpec, Context, Reads, ReadSpec, collect, evaluate
 from trainprobe.agent.preflight.runner import run
-from trainprobe.probes import gpuhealth, hostinfo
+from trainprobe.probes import gpuhealth
+from trainprobe.probes.parsers import hostfacts
 from trainprobe.probes.errors import BadInput
 from trainprobe.probes.support.nvml import Nvml
 from tests.preflight_fixtures import (SMI_Q, TREES, edit, gpu_read_from_nvml_block, gpu_read_from_smi, h200_raw,
@@ -31,9 +32,9 @@ def prof(**over):
 def run_tree(scenario, tmp_path, p=None, tiers=("host", "gpu")):
     root = tree(scenario, tmp_path / scenario)
     ctx = Context(profile=p or prof(), root=str(root), disk_paths=["/"], job_cpus=None)
-    raw, records, abandoned = run(ctx, tiers, deadline_s=20)
-    assert not abandoned
-    return raw, {(r.check, r.result.target): r for r in records}
+    res = run(ctx, tiers, deadline_s=20)
+    assert not res.abandoned
+    return res.raw, {(r.check, r.result.target): r for r in res.records}
 
 
 def status(recs, check, target=None):
@@ -144,10 +145,10 @@ def test_disk_thresholds():
 
 def test_shm_parse_from_mount_line_and_statvfs():
     line = "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k,inode64 0 0"
-    assert hostinfo.parse_shm({"mount_lines": [line], "statvfs": None})["size_bytes"] == 64 << 20
-    s = hostinfo.parse_shm({"mount_lines": [line], "statvfs": {"total": 5, "free": 4, "avail": 3}})
+    assert hostfacts.parse_shm({"mount_lines": [line], "statvfs": None})["size_bytes"] == 64 << 20
+    s = hostfacts.parse_shm({"mount_lines": [line], "statvfs": {"total": 5, "free": 4, "avail": 3}})
     assert (s["size_bytes"], s["free_bytes"]) == (5, 3)
-    assert not hostinfo.parse_shm({"mount_lines": [], "statvfs": None})["mounted"]
+    assert not hostfacts.parse_shm({"mount_lines": [], "statvfs": None})["mounted"]
 
 
 # -- GPU checks on reads built from the real H200 capture ------------------------------------------
@@ -155,7 +156,7 @@ def test_shm_parse_from_mount_line_and_statvfs():
 def run_gpu(gpu_read=None, p=None, gpubench=None, tiers=("gpu",)):
     raw = h200_raw(gpu_read, gpubench)
     ctx = Context(profile=p or profiles.load("h200-1gpu"))
-    _, records, _ = run(ctx, tiers, replay=raw)
+    records = run(ctx, tiers, replay=raw).records
     return {(r.check, r.result.target): r for r in records}
 
 
@@ -245,7 +246,7 @@ def test_numa_affinity_remote_cpus():
     raw["reads"]["cpus"]["data"].update({"online": "0-15", "job_cpus": "8-15"})
     raw["reads"]["numa"]["data"] = {"online": "0-1", "nodes": {"0": {"cpulist": "0-7"}, "1": {"cpulist": "8-15"}}}
     raw["reads"]["nvml"]["data"]["gpus"][0]["numa_node"] = 0
-    _, records, _ = run(Context(profile=profiles.load("h200-1gpu")), ("gpu",), replay=raw)
+    records = run(Context(profile=profiles.load("h200-1gpu")), ("gpu",), replay=raw).records
     r = next(x.result for x in records if x.check == "gpu.numa_affinity")
     assert r.status == "warn" and "numactl --cpunodebind=0" in r.remediation
 
@@ -520,6 +521,26 @@ def test_nvml_reader_turns_pynvml_types_into_json():
     assert all(r.result.status == "ok" for k, r in recs.items() if k[0] != "gpu.busy")
 
 
+def test_the_gpuhealth_probe_records_what_nvml_said_and_parses_it_back():
+    import threading
+
+    from trainprobe.probes.base import WatchSpec, run_read
+    from trainprobe.probes.gpuhealth import GpuHealthProbe
+
+    class Probe(GpuHealthProbe):
+        nvml_factory = _FakeNvml
+
+    cap = run_read(Probe(), "nvml", WatchSpec(pid=0, window_s=0.0), threading.Event())
+    rec = Probe.parse(cap)["nvml"]
+    assert rec["error"] is None and not rec["timed_out"]
+    direct = gpuhealth.read_gpus(nvml_factory=_FakeNvml)
+    for key in ("read_unix", "seconds", "timing"):
+        rec["data"].pop(key), direct.pop(key)
+    assert rec["data"] == direct                        # the artifact holds the read, unchanged
+    assert [p["kind"] for p in cap.provenance] == ["nvml", "read"]
+    assert run_gpu(Probe.parse(cap)["nvml"]["data"])[("gpu.ecc", "gpu0")].result.status == "ok"
+
+
 # -- conformance -------------------------------------------------------------------------------------
 
 def test_every_check_is_registered_once_reads_what_exists_and_is_documented():
@@ -543,7 +564,7 @@ H200_FIXTURE = TREES.parent / "gpu" / "h200-raw.json"
                     "benchmarks/preflight_gpu.sh on the GPU node and save h200-raw.json there")
 def test_h200_raw_reads_replay():
     raw = json.loads(H200_FIXTURE.read_text())
-    _, records, _ = run(Context(profile=profiles.load("h200-1gpu")), ("gpu", "active"), replay=raw)
+    records = run(Context(profile=profiles.load("h200-1gpu")), ("gpu", "active"), replay=raw).records
     recs = {(r.check, r.result.target): r.result for r in records}
     assert recs[("gpu.count", None)].status == "ok"
     assert recs[("gpu.pcie_link", "gpu0")].observed.startswith("Gen5 x16")

@@ -1,5 +1,6 @@
 """Every probe and rule declares its metadata, and the layers keep their direction of flow."""
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 
 from trainprobe.agent.findings import FINDING_IDS
 from trainprobe.agent.rules import all_rules
-from trainprobe.probes.base import Probe
+from trainprobe.probes.base import Probe, ReadingProbe
 from trainprobe.probes.registry import probe_classes
 from trainprobe.probes.schema import is_typeddict
 from tests.helpers import REPO
@@ -34,6 +35,39 @@ def test_probe_declares_metadata(cls):
         assert getattr(cls, meth) is not getattr(Probe, meth), f"{cls.name} must implement {meth}"
     assert isinstance(inspect.getattr_static(cls, "parse"), staticmethod), "parse is a pure static function"
     assert is_typeddict(cls.evidence_schema), f"{cls.name} declares its evidence_schema (probes/schema.py)"
+
+
+def test_every_module_at_the_top_of_probes_is_a_registered_probe():
+    """probes/ holds probes: besides the framework (what a probe is, its errors, the list of probes,
+    and the declared shapes of their evidence where a schema module holds them), each module there
+    defines a Probe subclass listed in probes/registry.py; parsers and shared access live below."""
+    registered = {(c.__module__, c.__name__) for c in PROBES}
+    for path in sorted((REPO / "probes").glob("*.py")):
+        if path.stem in ("base", "errors", "registry", "schema", "__init__"):
+            continue
+        mod = importlib.import_module(f"trainprobe.probes.{path.stem}")
+        own = [c for c in vars(mod).values()
+               if inspect.isclass(c) and issubclass(c, Probe) and c.__module__ == mod.__name__]
+        assert own, f"probes/{path.name} defines no Probe: move it to probes/parsers or probes/support"
+        for c in own:
+            assert (c.__module__, c.__name__) in registered, f"{c.__name__} is not in probes/registry.py"
+
+
+def test_preflight_probes_stay_out_of_diagnose():
+    from trainprobe.agent.preflight.runner import POLICY, READS
+    from trainprobe.agent.session import select_probes
+    pre = probe_classes("preflight")
+    assert {c.name for c in pre} == {"host", "gpuhealth", "gpubench"}
+    for cls in pre:
+        assert issubclass(cls, ReadingProbe) and cls.reads and not cls.default_enabled
+        assert "diagnose" not in cls.commands
+        assert set(cls.evidence_schema.__annotations__) == set(cls.reads), "one ReadRecord per read"
+    assert not {c.name for c in pre} & {c.name for c in probe_classes("diagnose")}
+    # Not even --deep (all of diagnose's probes) runs them, so they never enter the budget plan.
+    assert not {c.name for c in pre} & {p.name for p in select_probes(deep=True)}
+    assert {p.name for p in select_probes(deep=True)} == {c.name for c in probe_classes("diagnose")}
+    # Every read of a preflight probe has its tier and timeout, and the runner reads nothing else.
+    assert set(POLICY) == set(READS) == {r for c in pre for r in c.reads}
 
 
 def test_rules_declare_known_ids_and_probes():

@@ -174,23 +174,24 @@ def test_perf_stat_real_output_with_one_line_damaged(data):
 @given(st.one_of(texty, joined(st.one_of(numbers, st.text("0123456789abcdefABCDEF", max_size=12)),
                                st.sampled_from([",", " ", "x"]))))
 def test_sysfs_values(text):
-    from trainprobe.probes import hostinfo, topology
+    from trainprobe.probes import topology
+    from trainprobe.probes.parsers import hostfacts
     for fn in (topology.parse_cpus, topology.parse_hex, topology.parse_int, topology.parse_link_speed,
                topology.parse_link_width, topology.parse_cpumask):
         call(f"topology.{fn.__name__}", fn, text)
-    call("hostinfo.parse_meminfo", hostinfo.parse_meminfo, text)
-    call("hostinfo.parse_size_option", hostinfo.parse_size_option, text)
-    call("hostinfo.parse_limits", hostinfo.parse_limits, "Limit Soft Hard Units\n" + text)
-    call("hostinfo.parse_kmsg_line", hostinfo.parse_kmsg_line, text)
+    call("hostfacts.parse_meminfo", hostfacts.parse_meminfo, text)
+    call("hostfacts.parse_size_option", hostfacts.parse_size_option, text)
+    call("hostfacts.parse_limits", hostfacts.parse_limits, "Limit Soft Hard Units\n" + text)
+    call("hostfacts.parse_kmsg_line", hostfacts.parse_kmsg_line, text)
 
 
 @FAST
 @given(st.lists(st.sampled_from(["Max open files", "Max locked memory", "Max processes"]), min_size=1, max_size=3),
        st.lists(numbers, min_size=1, max_size=3))
 def test_sysfs_limits_shaped(labels, vals):
-    from trainprobe.probes import hostinfo
+    from trainprobe.probes.parsers import hostfacts
     text = "Limit Soft Hard Units\n" + "\n".join(f"{lb} {' '.join(vals)}" for lb in labels)
-    call("hostinfo.parse_limits", hostinfo.parse_limits, text)
+    call("hostfacts.parse_limits", hostfacts.parse_limits, text)
 
 
 # -- every probe's parse, on real captures damaged at one place ------------------------------------
@@ -205,6 +206,8 @@ def _real_captures():
         from tests.helpers import h200_gpu_capture, h200_pyspy_capture
         out.append(h200_pyspy_capture(mode))
         out.append(h200_gpu_capture(mode))
+    from trainprobe.agent import bundle
+    out += bundle.load(str(DATA / "preflight" / "bundle-vm")).captures     # preflight's probes
     return out
 
 

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
-from probes import hostinfo  # noqa: E402
+from probes import host  # noqa: E402
 
 FILES = [
     "proc/meminfo", "proc/self/limits", "proc/uptime", "proc/sys/kernel/numa_balancing",
@@ -49,11 +49,11 @@ def main(out: str) -> None:
     with open("/proc/self/mounts") as fh:
         put(out, "proc/self/mounts", "".join(ln for ln in fh if len(ln.split()) > 2 and ln.split()[1] == "/dev/shm"))
     try:
-        kl = hostinfo.read_kernel_log("/")
+        kl = host.read_kernel_log("/")
         put(out, "dev/kmsg", "".join(ln + "\n" for ln in kl["lines"]))
     except Exception as exc:  # noqa: BLE001
         print(f"kernel log not captured: {exc}", file=sys.stderr)
-    for dev in hostinfo.read_pci_gpus("/"):
+    for dev in host.read_pci_gpus("/"):
         for attr in PCI_ATTRS:
             src = f"/sys/bus/pci/devices/{dev['bdf']}/{attr}"
             if os.path.exists(src):
