@@ -28,7 +28,7 @@ from tests.helpers import DATA, H200_MODES, REPO, h200_gpu_capture, h200_pyspy_c
 
 SHARED = REPO.parent / "shared" / "fixtures"
 BUNDLES = sorted([*(DATA / "ledger" / "bundles").glob("*.tar.gz"), *(DATA / "h200" / "live" / "bundles").glob("*.tar.gz"),
-                  *(DATA / "h200x2").glob("*.tar.gz")])
+                  *(DATA / "h200x2").glob("*.tar.gz"), DATA / "preflight" / "bundle-vm"])
 TOPO = DATA / "topo"
 TREES = ("2n2c", "2s4g", "2s4g-t1", "2s4g-degraded", "h200-vm")
 PLACEMENTS = ((4000, ("2s4g", "2s4g-t1")), (4103, ("2s4g", "2s4g-t1")), (7000, ("2s4g-degraded", "2s4g-degraded")),
