@@ -6,7 +6,8 @@ from typing import Type
 
 from trainprobe.probes.base import Probe
 
-# (module, class) in the order the manifest shows them.
+# (module, class) in the order the manifest shows them, by the command that runs them (a probe's
+# `commands`; the conformance test keeps the two in step). A command imports only its own probes.
 PROBES: tuple[tuple[str, str], ...] = (
     ("trainprobe.probes.process", "ProcessProbe"),
     ("trainprobe.probes.pyspy", "PySpyProbe"),
@@ -18,7 +19,9 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("trainprobe.probes.sched", "SchedProbe"),
     ("trainprobe.probes.syscalls", "SyscallsProbe"),
     ("trainprobe.probes.gil", "GilProbe"),
-    # preflight's probes: the node's health before a job starts
+)
+# preflight's probes: the node's health before a job starts
+PREFLIGHT_PROBES: tuple[tuple[str, str], ...] = (
     ("trainprobe.probes.host", "HostProbe"),
     ("trainprobe.probes.gpuhealth", "GpuHealthProbe"),
     ("trainprobe.probes.gpubench", "GpuBenchProbe"),
@@ -27,8 +30,9 @@ PROBES: tuple[tuple[str, str], ...] = (
 
 def probe_classes(command: str | None = None) -> list[Type[Probe]]:
     """Every probe, or those of one command ("diagnose", "preflight": a probe's `commands`)."""
+    table = {"diagnose": PROBES, "preflight": PREFLIGHT_PROBES}.get(command or "", PROBES + PREFLIGHT_PROBES)
     out = []
-    for mod, cls in PROBES:
+    for mod, cls in table:
         c = getattr(importlib.import_module(mod), cls)
         if command is None or command in c.commands:
             out.append(c)
@@ -36,7 +40,9 @@ def probe_classes(command: str | None = None) -> list[Type[Probe]]:
 
 
 def probe_class(name: str) -> Type[Probe] | None:
-    for cls in probe_classes():
-        if cls.name == name:
-            return cls
+    """The probe called `name`, importing no more of the table than it takes to find it."""
+    for mod, cls in PROBES + PREFLIGHT_PROBES:
+        c = getattr(importlib.import_module(mod), cls)
+        if c.name == name:
+            return c
     return None

@@ -16,10 +16,10 @@ from trainprobe.agent.target import EXIT_BAD_INPUT
 
 def check_outputs(app: App, save_path: str | None, html_path: str | None) -> None:
     """Refuse unwritable output paths before a window is spent watching the job."""
-    from trainprobe.agent import bundle
     from trainprobe.reports import output
 
     if save_path:
+        from trainprobe.agent import bundle      # tarfile and the bundle rules: only when saving
         try:
             bundle.check_target(save_path)
         except bundle.BundleError as exc:

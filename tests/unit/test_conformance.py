@@ -56,6 +56,10 @@ def test_every_module_at_the_top_of_probes_is_a_registered_probe():
 def test_preflight_probes_stay_out_of_diagnose():
     from trainprobe.agent.preflight.runner import POLICY, READS
     from trainprobe.agent.session import select_probes
+    from trainprobe.probes import registry
+    for table, command in ((registry.PROBES, "diagnose"), (registry.PREFLIGHT_PROBES, "preflight")):
+        for mod, name in table:                  # a command imports only its own table's modules
+            assert command in getattr(importlib.import_module(mod), name).commands, name
     pre = probe_classes("preflight")
     assert {c.name for c in pre} == {"host", "gpuhealth", "gpubench"}
     for cls in pre:
