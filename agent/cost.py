@@ -21,7 +21,7 @@ FLOOR_CPU_S_PER_S = 0.03       # 0.3 CPU-s per 10 s window, whatever the machine
 BUDGET_RSS_MB = 150.0
 # Measured (benchmarks/bench_cost.py): the CLI's own CPU outside the probes (interpreter start with
 # bytecode cached, imports, target checks, evidence, rules, report) and its RSS.
-AGENT_FIXED_CPU_S = 0.13
+AGENT_FIXED_CPU_S = 0.18
 AGENT_PER_PROCESS_CPU_S = 0.015   # evidence and rules for each process of the job beyond the target
 AGENT_RSS_MB = 30.0
 # The models' spread between runs is about +-15% (contention, the target's stacks): adjustable

@@ -75,7 +75,7 @@ def test_disabled_by_environment_is_one_line(monkeypatch):
 def test_not_root_is_told_to_use_sudo():
     # The checkout and this environment's site-packages (psutil) for an interpreter of the same version.
     paths = [str(REPO)] + [p for p in sys.path if p.endswith("site-packages") and os.access(p, os.R_OK)]
-    code = ("import sys; sys.path[:0] = %r; from trainprobe.probes import bcc_support as bs; "
+    code = ("import sys; sys.path[:0] = %r; from trainprobe.probes.support import bcc_support as bs; "
             "print(bs.readiness(('sched:sched_switch',)).reason)" % paths)
     if os.geteuid() != 0:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -97,7 +97,7 @@ def test_bcc_loads_into_the_venv_without_putting_dist_packages_on_sys_path():
             bs.import_bcc()
         assert "python3-bpfcc" in str(e.value) or "bcc" in str(e.value)
         return
-    code = ("import sys; sys.path.insert(0, %r); from trainprobe.probes import bcc_support as bs; m = bs.import_bcc(); "
+    code = ("import sys; sys.path.insert(0, %r); from trainprobe.probes.support import bcc_support as bs; m = bs.import_bcc(); "
             "print(m.BPF.__module__, any('dist-packages' in p for p in sys.path))" % str(REPO))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
