@@ -142,8 +142,12 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
                 break
         watch_end = min(time.monotonic(), deadline)
         for name, th in threads.items():
-            probe = next(p for p in probes if p.name == name)
-            th.join(timeout=max(0.0, deadline + probe.timeout_s - time.monotonic()))
+            # The probes' children peak while they finish (py-spy writes its trace): keep reading
+            # the tree's memory until each probe is done.
+            end = deadline + probes_by(name, probes).timeout_s
+            while th.is_alive() and time.monotonic() < end:
+                th.join(timeout=min(0.1, max(0.0, end - time.monotonic())))
+                rss.sample()
     except KeyboardInterrupt:
         interrupted = True
         watch_end = min(time.monotonic(), watch_end)
@@ -174,7 +178,7 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
 
 class _TreeRss:
     """The agent tree's resident memory (this process plus every live child of every probe), read
-    from /proc every 0.6 s of the window: rusage cannot give it (a child's ru_maxrss includes the
+    from /proc every 0.3 s of the window and while the probes finish: rusage cannot give it (a child's ru_maxrss includes the
     agent's own memory, copied at fork, so peaks do not add up)."""
 
     def __init__(self, recorders: dict[str, Recorder]):
@@ -186,7 +190,7 @@ class _TreeRss:
         now = time.monotonic()
         if now < self._next:
             return
-        self._next = now + 0.6
+        self._next = now + 0.3
         pids = [os.getpid()] + [p for r in list(self.recorders.values()) for p in r.live_children()]
         total = 0.0
         for pid in pids:
