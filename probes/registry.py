@@ -16,6 +16,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("trainprobe.probes.topology", "TopologyProbe"),
     ("trainprobe.probes.placement", "PlacementProbe"),
     ("trainprobe.probes.pressure", "PressureProbe"),
+    ("trainprobe.probes.throttle", "ThrottleProbe"),
     ("trainprobe.probes.sched", "SchedProbe"),
     ("trainprobe.probes.syscalls", "SyscallsProbe"),
     ("trainprobe.probes.gil", "GilProbe"),

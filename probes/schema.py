@@ -531,6 +531,20 @@ class PressureEvidence(TypedDict):
     cgroup_path: Optional[str]
 
 
+# -- throttle ------------------------------------------------------------------------------------
+
+class ThrottleEvidence(TypedDict):
+    cgroup_dir: Optional[str]
+    cgroup_version: int                         # 1 or 2; 0 when unknown
+    window_s: Optional[float]
+    quota_cpus: Optional[float]                 # quota / period; None: no quota
+    periods: int                                # enforcement periods in the window
+    throttled_periods: int                      # of those, the ones that hit the quota
+    throttled_period_share: Optional[float]
+    throttled_seconds: Optional[float]          # time the cgroup's tasks were held back
+    throttled_share_of_window: Optional[float]
+
+
 # -- sched ---------------------------------------------------------------------------------------
 
 class Waker(TypedDict):

@@ -117,6 +117,18 @@ def test_pressure_files():
     assert_matches(cap, "pressure")
 
 
+def test_throttle_files():
+    thr = DATA / "throttle"
+    arts = {"cpu.stat.start": (thr / "v1.start").read_text(), "cpu.stat.end": (thr / "v1.end").read_text(),
+            "cpu.cfs_quota_us": (thr / "v1.cfs_quota_us").read_text(),
+            "cpu.cfs_period_us": (thr / "v1.cfs_period_us").read_text()}
+    assert_matches(Capture("throttle", artifacts=arts, meta={"interval_s": 2.0, "cgroup_version": 1,
+                                                              "cgroup_dir": "/sys/fs/cgroup/cpu/job"}), "throttle")
+    root = (thr / "v2-root.stat").read_text()
+    assert_matches(Capture("throttle", artifacts={"cpu.stat.start": root, "cpu.stat.end": root},
+                           meta={"interval_s": 2.0, "cgroup_version": 2, "cgroup_dir": "/sys/fs/cgroup"}), "throttle")
+
+
 # -- what lives beside the repository ------------------------------------------------------------
 
 def shared(sub: str) -> Path:
@@ -155,7 +167,7 @@ def test_every_registered_probe_declares_a_schema(cls):
 
 def test_every_registered_probe_has_captures_checked_here():
     """A new probe's captures (step 1 of docs/contributing.md) belong in this file's sources."""
-    seen = {"gpu", "pyspy", "perfstat", "topology", "placement", "pressure"}      # built above
+    seen = {"gpu", "pyspy", "perfstat", "topology", "placement", "pressure", "throttle"}      # built above
     seen |= {c.probe for p in BUNDLES for c in replayable(bundle.load(str(p)).captures)}
     for path in (DATA / "bcc").glob("*/*.capture.json.gz"):
         with gzip.open(path, "rt") as fh:
