@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec
 from trainprobe.probes.errors import ProbeError
-from trainprobe.probes.registry import probe_classes
+from trainprobe.probes.registry import probe_classes, probe_names
 
 Progress = Callable[[str], None]
 
@@ -76,14 +76,8 @@ def measured_overhead(recorders: dict[str, "Recorder"], thread_cpu: dict[str, fl
 def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: bool = False) -> list[Probe]:
     """Diagnose's probes to run: `only` if given, else every default probe (every probe with `deep`).
     Preflight's probes (host, gpuhealth, gpubench) are never among them."""
-    out = []
-    for cls in probe_classes("diagnose"):
-        if only and cls.name not in only:
-            continue
-        if cls.name in skip or (not only and not deep and not cls.default_enabled):
-            continue
-        out.append(cls())
-    return out
+    names = list(only) if only else probe_names("diagnose", default_only=not deep)
+    return [cls() for cls in probe_classes("diagnose", names=[n for n in names if n not in skip])]
 
 
 def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stderr_progress,
@@ -134,7 +128,7 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
     rss = _TreeRss(recorders)
     try:
         while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
             rss.sample()
             if target_alive is not None and not target_alive():
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
@@ -190,7 +184,7 @@ class _TreeRss:
         now = time.monotonic()
         if now < self._next:
             return
-        self._next = now + 0.3
+        self._next = now + 0.25     # once per turn of the window's 0.3 s loop, at most every 0.25 s while joining
         pids = [os.getpid()] + [p for r in list(self.recorders.values()) for p in r.live_children()]
         total = 0.0
         for pid in pids:

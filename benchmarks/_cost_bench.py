@@ -132,6 +132,8 @@ def summarize(name: str, window: float, attached: list[dict[str, Any]], full: li
     return {
         "case": name, "window_s": window, "pairs": len(attached), "detached_steps_per_s": detached,
         "ratios": [a.get("ratio") for a in ok], "ratio_median": med([a["ratio"] for a in ok]),
+        "ratio_mean": round(statistics.fmean(a["ratio"] for a in ok), 4) if ok else None,
+        "ratio_ci95": _ci95([a["ratio"] for a in ok]),
         "tree_cpu_s": tree, "tree_cpu_s_median": med(tree), "tree_cpu_s_max": max(tree) if tree else None,
         "reported_cpu_s": [a["reported_cpu_s"] for a in ok],
         "tree_cpu_share_of_job_capacity": round(max(tree) / (cap * window), 5) if tree and cap else None,
@@ -145,10 +147,26 @@ def summarize(name: str, window: float, attached: list[dict[str, Any]], full: li
     }
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (n - 1), for the mean ratio's interval.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
+        12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13}
+
+
+def _ci95(xs: list[float]) -> list[float] | None:
+    """The 95% confidence interval of the mean of the pairs' ratios (each pair is one measurement of
+    the agent's effect; the job's own drift between windows is their spread)."""
+    if len(xs) < 2:
+        return None
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    h = _T95.get(len(xs) - 1, 1.96) * sd / len(xs) ** 0.5
+    return [round(m - h, 4), round(m + h, 4)]
+
+
 def summary_line(r: dict[str, Any]) -> str:
     share = r.get("tree_cpu_share_of_job_capacity")
     diff = r.get("speedup_rel_diff")
-    return (f"{r['case']:<18} ratio med {r['ratio_median']}  min {min(r['ratios']) if r['ratios'] else None}  "
+    return (f"{r['case']:<18} ratio med {r['ratio_median']}  mean {r.get('ratio_mean')} (95% CI {r.get('ratio_ci95')})  "
+            f"min {min(r['ratios']) if r['ratios'] else None}  "
             f"tree CPU-s med {r['tree_cpu_s_median']} max {r['tree_cpu_s_max']}"
             + (f" ({100 * share:.2f}% of {r['job_cpu_capacity']:g} CPUs)" if share is not None else "")
             + f"  RSS max {r['tree_peak_rss_mb_max']} MB  top {r['top_reduced']} {r['speedup_reduced']}"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from typing import Any
 
@@ -379,6 +378,7 @@ def pcie_link_gbps(gen: Any, width: Any) -> float | None:
 
 def sample_period_s(samples: list[list[Any]]) -> float | None:
     """NVML's sample period: the median spacing of the utilization samples, to the millisecond."""
+    import statistics  # noqa: PLC0415 - only where GPU evidence is read
     ts = sorted({int(t) for t, _v in samples})
     if len(ts) < 3:
         return None
@@ -457,6 +457,7 @@ def utilization_series(g: dict[str, Any]) -> tuple[list[list[Any]], list[list[An
 
 
 def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
+    import statistics  # noqa: PLC0415 - only where GPU evidence is read
     util, mem_util, source = utilization_series(g)
     period = sample_period_s(util)
     st: dict[str, Any] = {"sample_period_s": period, "samples": 0, "busy_fraction": None,
@@ -532,6 +533,7 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
 @parser("NVML values analyse")
 def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     """Pure: nvml.json (either layout) -> the `gpu` evidence."""
+    import statistics  # noqa: PLC0415 - only where GPU evidence is read
     d = normalise(raw)
     start, end = _window(d)
     target_pids = {int(p) for p in (d.get("watched_pids") or []) if p is not None}

@@ -154,7 +154,7 @@ class ProcessProbe(Probe):
 
 
 def _is_zombie(root: str, pid: int) -> bool:
-    return procfs.process_fact(pid, "status", root) in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    return not procfs.is_running(root, pid)
 
 
 def _proc_facts(snap: dict[str, Any]) -> dict[str, Any]:

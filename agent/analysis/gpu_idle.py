@@ -27,7 +27,6 @@ x, bounds the step-time gain of removing it: at most 1 / (1 - x) (Amdahl).
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +264,7 @@ def infer_steps(timeline: list[list[Any]], rate_hz: Any, util: list[list[float]]
     last several py-spy samples and the steps come out regular; otherwise phases shorter than the
     sampling are missed and steps merge. The GPU's busy share per step needs steps at least one
     NVML period long."""
+    import statistics  # noqa: PLC0415 - only where GPU evidence is read
     tl = sorted(timeline, key=lambda r: r[0])
     if len(tl) < 2:
         return {"inferred": False, "why": "no host timeline"}

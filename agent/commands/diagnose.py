@@ -52,10 +52,10 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     """Attach to a running training process and explain what holds its step back."""
     from trainprobe.agent import diagnosis
     from trainprobe.agent.commands.report import check_outputs, write_outputs
-    from trainprobe.probes.registry import probe_classes
+    from trainprobe.probes.registry import probe_names
     from trainprobe.reports import output
 
-    known = {c.name for c in probe_classes("diagnose")}
+    known = set(probe_names("diagnose"))
     unknown = [n for n in _names(only) + _names(skip) if n not in known]
     if unknown:
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",

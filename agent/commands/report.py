@@ -32,15 +32,15 @@ def check_outputs(app: App, save_path: str | None, html_path: str | None) -> Non
 
 def write_outputs(app: App, report: dict[str, Any], ev: Any, captures: list, context: dict[str, Any],
                   save_path: str | None, html_path: str | None) -> None:
-    from trainprobe.agent import bundle, visuals
-
     if save_path:
+        from trainprobe.agent import bundle
         try:
             bundle.save(save_path, captures, context, report)
         except bundle.BundleError as exc:
             raise app.fail(str(exc), EXIT_BAD_INPUT) from None
         app.progress(f"saved the raw evidence to {save_path} (re-diagnose with `trainprobe report {save_path}`)")
     if html_path:
+        from trainprobe.agent import visuals
         # The page draws the timeline and flame graphs (visuals) beside the report's findings.
         app.save("report", "html", dict(report, visuals=visuals.build(ev, captures)), html_path, EXIT_BAD_INPUT)
         app.progress(f"wrote the HTML report to {html_path}")

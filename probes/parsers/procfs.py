@@ -116,6 +116,16 @@ def parse_stat(text: str) -> dict[str, Any]:
 PF_KTHREAD = 0x00200000
 
 
+def is_running(root: str, pid: int) -> bool:
+    """Whether a process exists and is not a zombie (or dead): one read of /proc/PID/stat, for the
+    checks repeated through a window (psutil's handle costs several reads)."""
+    text = try_read_text(root, f"proc/{pid}/stat")
+    if not text or ")" not in text:
+        return False
+    rest = text[text.rindex(")") + 1:].split()
+    return bool(rest) and rest[0] not in ("Z", "X", "x")
+
+
 def cpu_seconds(root: str, pid: int) -> float:
     """A process's user + system CPU seconds from /proc/PID/stat; 0.0 once it is gone."""
     text = try_read_text(root, f"proc/{pid}/stat")

@@ -8,6 +8,7 @@ session opens.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -48,26 +49,40 @@ def _nvml_thread(jobs: "queue.Queue[Any]") -> None:
         done.set()
 
 
+def _driver_library_loads() -> bool:
+    """Whether the NVML library pynvml loads on Linux (`libnvidia-ml.so.1`, found the way the
+    dynamic loader finds it) can be loaded."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def _reason(exc: BaseException, pynvml: Any) -> str:
-    names = {
-        "NVML_ERROR_NOT_SUPPORTED": "not supported on this GPU or driver",
-        "NVML_ERROR_NO_PERMISSION": "permission denied (needs root)",
-        "NVML_ERROR_DRIVER_NOT_LOADED": "no NVIDIA driver loaded",
-        "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver: libnvidia-ml.so not found",
-        "NVML_ERROR_GPU_IS_LOST": "the GPU has fallen off the bus",
-        "NVML_ERROR_NOT_FOUND": "not found",
-        "NVML_ERROR_FUNCTION_NOT_FOUND": "this driver lacks the function",
-        "NVML_ERROR_TIMEOUT": "timed out",
-        "NVML_ERROR_INVALID_ARGUMENT": "invalid argument",
-        "NVML_ERROR_UNINITIALIZED": "NVML not initialised",
-    }
     code = getattr(exc, "value", None)
     if pynvml is not None and code is not None:
-        for name, text in names.items():
+        for name, text in _REASONS.items():
             if getattr(pynvml, name, object()) == code:
                 return text
     msg = str(exc) or type(exc).__name__
     return msg
+
+
+_REASONS = {
+    "NVML_ERROR_NOT_SUPPORTED": "not supported on this GPU or driver",
+    "NVML_ERROR_NO_PERMISSION": "permission denied (needs root)",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "no NVIDIA driver loaded",
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver: libnvidia-ml.so not found",
+    "NVML_ERROR_GPU_IS_LOST": "the GPU has fallen off the bus",
+    "NVML_ERROR_NOT_FOUND": "not found",
+    "NVML_ERROR_FUNCTION_NOT_FOUND": "this driver lacks the function",
+    "NVML_ERROR_TIMEOUT": "timed out",
+    "NVML_ERROR_INVALID_ARGUMENT": "invalid argument",
+    "NVML_ERROR_UNINITIALIZED": "NVML not initialised",
+}
 
 
 class Nvml:
@@ -93,6 +108,9 @@ class Nvml:
         self.close()
 
     def open(self) -> None:
+        if "pynvml" not in sys.modules and sys.platform.startswith("linux") and not _driver_library_loads():
+            # pynvml's import (about 10 ms of CPU) is not worth paying for the answer "no driver".
+            raise Unavailable(_REASONS["NVML_ERROR_LIBRARY_NOT_FOUND"])
         try:
             import pynvml  # noqa: PLC0415 - heavy and optional: only when a GPU probe runs
         except ImportError:

@@ -183,7 +183,7 @@ def find_training_processes(root: str = "/", sample_s: float = 0.5) -> list[Cand
 
 def is_alive(pid: int, root: str = "/") -> bool:
     """True while the process exists and is not a zombie."""
-    return procfs.process_fact(pid, "status", root) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    return procfs.is_running(root, pid)
 
 
 def launcher_of(pid: int, root: str = "/") -> int | None:

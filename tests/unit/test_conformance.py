@@ -58,8 +58,11 @@ def test_preflight_probes_stay_out_of_diagnose():
     from trainprobe.agent.session import select_probes
     from trainprobe.probes import registry
     for table, command in ((registry.PROBES, "diagnose"), (registry.PREFLIGHT_PROBES, "preflight")):
-        for mod, name in table:                  # a command imports only its own table's modules
-            assert command in getattr(importlib.import_module(mod), name).commands, name
+        for name, mod, cls_name, default in table:  # a command imports only its own table's modules
+            cls = getattr(importlib.import_module(mod), cls_name)
+            assert command in cls.commands, name
+            # The table says the name and whether it runs by default without importing the module.
+            assert (cls.name, cls.default_enabled) == (name, default), cls_name
     pre = probe_classes("preflight")
     assert {c.name for c in pre} == {"host", "gpuhealth", "gpubench"}
     for cls in pre:
