@@ -391,8 +391,8 @@ class PlacementProbe(Probe):
     cost = "small: thread stat sampled ~8 times, numa_maps read once per process"
     timeout_s = 15.0
     evidence_schema = PlacementEvidence
-    cost_cpu_s_fixed = 0.03       # measured per 10 s window, capture and parse (docs/cost.md)
-    cost_cpu_s_per_process = 0.01
+    cost_cpu_s_fixed = 0.006      # measured per 10 s window, capture and parse (docs/cost.md):
+    cost_cpu_s_per_process = 0.003  # 0.006 (no workers), 0.021 (4), 0.037 (8); GPU node 0.03-0.04 (14)
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)

@@ -41,9 +41,10 @@ DEFAULT_RATE_HZ = 25
 PYSPY_FIXED_CPU_S = 0.02
 PYSPY_RSS_MB = 14.0
 SAMPLE_CPU_S = 0.0004          # per sample of one process, its own sampler
-# py-spy reads every thread's stack on each sample: a CUDA training process with 19 threads cost
-# 0.44 CPU-s at 23 Hz over 6 s on the GPU node (benchmarks/gpu_cost.py), 3.2 ms a sample.
-SAMPLE_CPU_S_PER_THREAD = 0.00017
+# py-spy reads every thread on each sample: per thread of the target, 0.12-0.17 ms a sample for
+# Python threads (the 2-CPU machine: 9 threads, 1.4 ms), 0.09 ms for a CUDA process's mostly native
+# threads (the GPU node: 19 threads, 0.27 CPU-s for 148 samples; benchmarks/gpu_cost.py).
+SAMPLE_CPU_S_PER_THREAD = 0.00013
 
 
 def sample_cpu_s(threads: int) -> float:
@@ -68,6 +69,10 @@ def default_rate(window_s: float) -> int:
     """The rate the budget plans up to: DEFAULT_RATE_HZ, or more on a window too short for MIN_MAIN_SAMPLES."""
     return max(DEFAULT_RATE_HZ, min_main_rate(window_s))
 MIN_WORKER_RATE_HZ = 2
+# Workers are sampled at a lower rate than the training thread: each for one slot of the window, to
+# see where their time goes (their CPU is known from /proc); a sampler's start-up (0.02 CPU-s) is most
+# of a worker's cost at this rate.
+MAX_WORKER_RATE_HZ = 10
 MAX_WORKER_SAMPLERS = 2        # concurrent per-worker samplers (RSS: PYSPY_RSS_MB each)
 WORKER_SHARE = 0.4             # of the probe's CPU, for workers, when the job has workers
 
@@ -107,7 +112,8 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
     k = min(MAX_WORKER_SAMPLERS, len(workers))
     while k > 0:
         slots = -(-len(workers) // k)                      # ceil: every worker gets one slot
-        w_rate = min(rate, int((left - slots * k * PYSPY_FIXED_CPU_S) / (per_window * k * SAMPLE_CPU_S)))
+        w_rate = min(rate, MAX_WORKER_RATE_HZ,
+                     int((left - slots * k * PYSPY_FIXED_CPU_S) / (per_window * k * SAMPLE_CPU_S)))
         if w_rate >= MIN_WORKER_RATE_HZ:
             plan["worker_rate_hz"] = w_rate
             plan["worker_slots"] = [workers[i * k:(i + 1) * k] for i in range(slots)]
