@@ -84,6 +84,8 @@ def main() -> int:
     ap.add_argument("--full-runs", type=int, default=2)
     ap.add_argument("--warmup", type=float, default=12.0, help="seconds after the first progress line")
     ap.add_argument("--time-budget", type=float, default=520.0, help="start no new case after this many seconds")
+    ap.add_argument("--agent-args", default="",
+                    help="extra `trainprobe diagnose` arguments for the attached windows (e.g. '--skip pyspy')")
     ap.add_argument("--job-cmd", default=None,
                     help="another job printing `PROGRESS t= steps=` lines ({python}, {variant}, {workers} filled in): "
                          "to try the harness without a GPU")
@@ -100,7 +102,8 @@ def main() -> int:
         job = Job(variant, int(workers), a.job_cmd)
         try:
             job.settle(a.warmup)
-            r = run_case(f"{variant}-w{workers}", job.pid, job.rate, a.window, a.pairs, a.full_runs, [],
+            r = run_case(f"{variant}-w{workers}" + (f" [{a.agent_args}]" if a.agent_args else ""), job.pid, job.rate,
+                         a.window, a.pairs, a.full_runs, shlex.split(a.agent_args),
                          lambda m: print(m, file=sys.stderr, flush=True))
         except RuntimeError as exc:
             r = {"case": case, "error": str(exc)}
