@@ -43,6 +43,20 @@ def _tree_rss_mb(pid: int) -> float:
     return total
 
 
+REFERENCE = [sys.executable, "-c", "import trainprobe.agent.cli"]
+
+
+def reference_cpu_s() -> float:
+    """The CPU-s of a fixed task (the interpreter and the CLI's imports, the agent's own start-up),
+    run just before each attached window: a VM's speed drifts (the same task measured 0.065 and
+    0.111 CPU-s an hour apart on the 2-CPU machine), so each window's cost is also given in units
+    of this task run at the same moment."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(REFERENCE, cwd=REPO, env=agent_env(), check=False)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+
+
 def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
     """One `trainprobe diagnose --json` subprocess: its report, its tree's CPU and peak RSS."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -92,7 +106,9 @@ def run_case(name: str, pid: int, rate: Callable[[float, float], float], window:
     time.sleep(window)
     detached.append(rate(t0, time.time()))
     for i in range(pairs):
+        ref = reference_cpu_s()
         d = diagnose(pid, window, extra)
+        d["reference_cpu_s"] = round(ref, 4)
         if d["ok"]:
             # The window proper: the CLI's start-up before the probes attach is excluded.
             d["steps_per_s"] = rate(d["t0"] + 0.5, d["t1"])
@@ -102,6 +118,7 @@ def run_case(name: str, pid: int, rate: Callable[[float, float], float], window:
         if d["ok"]:
             d["ratio"] = round(d["steps_per_s"] / statistics.mean(detached[-2:]), 4)
             log(f"  {name} pair {i + 1}: ratio {d['ratio']:.3f}, tree {d['tree_cpu_s']:.2f} CPU-s "
+                f"({d['tree_cpu_s'] / ref:.1f}x the reference task's {ref:.3f}) "
                 f"(reported {d['reported_cpu_s']}), RSS {d['tree_peak_rss_mb']:.0f} MB, top {d['top']} {d['top_speedup']}")
         else:
             log(f"  {name} pair {i + 1}: diagnose failed rc={d.get('rc')}: {d.get('stderr', '')[-300:]}")
@@ -135,6 +152,9 @@ def summarize(name: str, window: float, attached: list[dict[str, Any]], full: li
         "ratio_mean": round(statistics.fmean(a["ratio"] for a in ok), 4) if ok else None,
         "ratio_ci95": _ci95([a["ratio"] for a in ok]),
         "tree_cpu_s": tree, "tree_cpu_s_median": med(tree), "tree_cpu_s_max": max(tree) if tree else None,
+        "reference_cpu_s": [a.get("reference_cpu_s") for a in ok],
+        "tree_in_reference_tasks_median": med([a["tree_cpu_s"] / a["reference_cpu_s"] for a in ok
+                                               if a.get("reference_cpu_s")]),
         "reported_cpu_s": [a["reported_cpu_s"] for a in ok],
         "tree_cpu_share_of_job_capacity": round(max(tree) / (cap * window), 5) if tree and cap else None,
         "job_cpu_capacity": cap,
@@ -162,12 +182,18 @@ def _ci95(xs: list[float]) -> list[float] | None:
     return [round(m - h, 4), round(m + h, 4)]
 
 
+def med_or_none(xs: Any) -> float | None:
+    xs = [x for x in xs or [] if x]
+    return round(statistics.median(xs), 4) if xs else None
+
+
 def summary_line(r: dict[str, Any]) -> str:
     share = r.get("tree_cpu_share_of_job_capacity")
     diff = r.get("speedup_rel_diff")
     return (f"{r['case']:<18} ratio med {r['ratio_median']}  mean {r.get('ratio_mean')} (95% CI {r.get('ratio_ci95')})  "
             f"min {min(r['ratios']) if r['ratios'] else None}  "
             f"tree CPU-s med {r['tree_cpu_s_median']} max {r['tree_cpu_s_max']}"
+            f" (= {r.get('tree_in_reference_tasks_median')}x the reference task, median {med_or_none(r.get('reference_cpu_s'))})"
             + (f" ({100 * share:.2f}% of {r['job_cpu_capacity']:g} CPUs)" if share is not None else "")
             + f"  RSS max {r['tree_peak_rss_mb_max']} MB  top {r['top_reduced']} {r['speedup_reduced']}"
             f" vs full {r['top_full']} {r['speedup_full']}" + (f" ({100 * diff:+.1f}%)" if diff is not None else "")

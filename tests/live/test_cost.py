@@ -227,3 +227,45 @@ def test_workers_are_sampled_in_rotation_by_per_pid_samplers(workload):
     assert set(cap.meta["sampling"]["workers_sampled"]) == {str(p) for p in kids}
     assert ev["workers"]["busy_fraction"] is not None
     assert res.overhead["by_probe"]["pyspy"]["children"] == 4          # the target's sampler and 3 worker samplers
+
+
+def test_a_gpu_node_job_with_14_workers_gets_its_workers_sampled_within_the_budget():
+    """The H200 node's 14-worker job (15 processes, 19 threads in the target): the models measured
+    there leave room for every worker at a lower rate than the training thread, under 1% of 16 CPUs."""
+    from trainprobe.agent.session import select_probes
+    kids = {100 + i: 1 for i in range(14)}
+    job = JobShape(pid=1, processes=(1, *kids), children=kids, threads=19, cpu_capacity=16.0, cpu_capacity_basis="t")
+    spec = WatchSpec(pid=1, window_s=10.0, rate_hz=25)
+    plan = cost.plan(spec, [p for p in select_probes() if p.name != "perfstat"], job)
+    p = spec.options["pyspy_plan"]
+    assert plan.planned_cpu_s <= cost.PLAN_MARGIN * plan.budget_cpu_s + 1e-9 and not plan.over_budget
+    assert sorted(w for slot in p["worker_slots"] for w in slot) == sorted(kids)
+    assert 0 < p["worker_rate_hz"] < p["main_rate_hz"]
+
+
+def test_a_default_diagnosis_imports_neither_the_deep_probes_nor_pynvml_without_a_driver():
+    """The command's start-up is most of its cost on a job without workers: the --deep probes'
+    modules (and bcc's loader) are imported only when asked for, and pynvml only where the NVIDIA
+    library loads."""
+    code = ("import sys\n"
+            "from trainprobe.agent.session import select_probes\n"
+            "from trainprobe.probes.support.nvml import Nvml\n"
+            "from trainprobe.probes.errors import Unavailable\n"
+            "names = [p.name for p in select_probes()]\n"
+            "try:\n    Nvml().open(); print('NVML')\nexcept Unavailable as e:\n    print('UNAVAILABLE', e)\n"
+            "print(sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] in "
+            "('gil', 'sched', 'syscalls', 'throttle', 'bcc_support', 'pynvml', 'bundle', 'visuals')))\n"
+            "print(names)\n")
+    out = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
+    names = eval(out[-1])  # noqa: S307 - our own child's repr of a list of names
+    assert "pyspy" in names and not {"gil", "sched", "syscalls", "throttle"} & set(names)
+    deep_mods = eval(out[-2])  # noqa: S307
+    if out[0] == "NVML":          # a GPU host: pynvml is the probe's own
+        deep_mods = [m for m in deep_mods if m != "pynvml"]
+    else:
+        assert "no NVIDIA driver" in out[0]
+    assert deep_mods == []
+    deep = subprocess.run([PY, "-c", "import sys\nfrom trainprobe.agent.session import select_probes\n"
+                           "print(sorted(p.name for p in select_probes(deep=True)))"],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert all(n in deep for n in ("gil", "sched", "syscalls", "throttle"))

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from trainprobe.agent.bundle import BundleError
 from trainprobe.agent.profiles import ProfileError
 from trainprobe.probes.errors import ProbeError
+from trainprobe.probes.parsers import redact
 from trainprobe.reports.folded import FoldedError
 from tests.helpers import DATA
 
@@ -360,3 +361,14 @@ def test_speedscope_documents(tmp_path_factory, doc):
     p = tmp_path_factory.mktemp("s") / "x.json"
     p.write_text(json.dumps(doc))
     call("profiles.load_profile (speedscope/chrometrace JSON)", profiles.load_profile, str(p))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("keyKEYtoknsecrpaswdhuiPWD:/_-= .") + ["ſ", "K", "İ", "ı", "é"]),
+               max_size=40))
+def test_the_redaction_prefilter_misses_nothing_the_case_blind_regex_finds(s):
+    """The fast prefilter (lower() and `in` for ASCII text) answers as the case-blind regex it
+    replaced, non-ASCII case folding included (the Kelvin sign, the long s)."""
+    assert redact._maybe(s) == bool(redact._MAYBE.search(s))
+    if not redact._maybe(s):
+        assert redact.text(s) == s and redact.argv([s]) == [s]
