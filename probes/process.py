@@ -132,7 +132,7 @@ class ProcessProbe(Probe):
                 if str(p) not in env:
                     env[str(p)] = _environ(root, p)
                     parents[str(p)] = pp
-            if not alive or _is_zombie(root, spec.pid):
+            if not alive or not procfs.is_running(root, spec.pid):
                 target_exited_unix = time.time()
                 break
         tree1 = self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else []
@@ -152,10 +152,6 @@ class ProcessProbe(Probe):
     @staticmethod
     def parse(capture: Capture) -> ProcessEvidence:
         return parse_snapshots(json.loads(capture.artifacts["snapshots.json"]))
-
-
-def _is_zombie(root: str, pid: int) -> bool:
-    return not procfs.is_running(root, pid)
 
 
 def _proc_facts(snap: dict[str, Any]) -> dict[str, Any]:
