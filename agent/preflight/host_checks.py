@@ -60,8 +60,17 @@ def cpu_governor(r: Reads, p: dict[str, Any]) -> Result:
     expected = " or ".join(allowed) if allowed else "any"
     src = "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
     if not govs:
-        return Result("ok", "no cpufreq", expected,
-                      "not applicable: no cpufreq driver, the firmware or hypervisor sets the CPU frequency",
+        if not allowed:
+            return Result("ok", "no cpufreq", expected,
+                          "not applicable: no cpufreq driver, the firmware or hypervisor sets the CPU frequency",
+                          source=src)
+        # The profile asks for a governor and the host does not expose one: the fact is not visible, so
+        # the check cannot pass (a hypervisor may still run the CPUs at low clocks).
+        return Result("unknown", "no cpufreq", expected,
+                      f"cannot tell: no cpufreq driver, so the governor the profile expects ({expected}) cannot be "
+                      "read; the firmware or hypervisor sets the CPU frequency",
+                      remediation="check the BIOS/hypervisor power profile (e.g. 'maximum performance'), or use a "
+                                  "profile with [host] governors = [] on a node without cpufreq",
                       source=src)
     counts: dict[str, int] = {}
     for g in govs.values():

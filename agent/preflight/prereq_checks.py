@@ -11,7 +11,9 @@ from trainprobe.agent.preflight import Result
 from trainprobe.agent.preflight.engine import Reads, check
 from trainprobe.probes.parsers.hostfacts import CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, has_cap
 
-_HW_PMU_PREFIXES = ("cpu", "armv8", "armv9", "arm_cortex", "arm_neoverse", "power", "riscv")
+# Core PMUs by the name the kernel registers them under (x86 "cpu"/"cpu_core"/"cpu_atom", Arm, RISC-V;
+# IBM POWER registers its core PMU as "cpu" too). "power" is x86 RAPL (energy counters), not a core PMU.
+_HW_PMU_PREFIXES = ("cpu", "armv8", "armv9", "arm_cortex", "arm_neoverse", "riscv")
 
 
 def _root(d: dict[str, Any]) -> bool:

@@ -44,8 +44,10 @@ def limits_profile(tmp_path, name, **over):
     expectations are its hard limits, and each test lowers a soft limit below them."""
     ml = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     nf = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    # Any governor: this VM has no cpufreq, where a profile that names one reads unknown.
     prof = {"name": name, "host": {"memlock_gib": -1.0 if ml == resource.RLIM_INFINITY else ml / (1 << 30),
-                                   "min_nofile": 65536 if nf == resource.RLIM_INFINITY else min(nf, 65536)}}
+                                   "min_nofile": 65536 if nf == resource.RLIM_INFINITY else min(nf, 65536),
+                                   "governors": []}}
     for sec, vals in over.items():
         prof.setdefault(sec, {}).update(vals)
     path = tmp_path / f"{name}.json"

@@ -49,7 +49,9 @@ def test_base_tree_reads_as_this_host_did(tmp_path):
     assert status(recs, "host.cpus_online") == "ok"
     assert status(recs, "host.shm") == "ok"
     assert status(recs, "host.thp") == "ok"
-    assert status(recs, "host.cpu_governor") == "ok"       # no cpufreq here: not applicable
+    # No cpufreq here: the governor the default profile expects cannot be read, so it is not OK.
+    assert status(recs, "host.cpu_governor") == "unknown"
+    assert "cannot tell" in recs[("host.cpu_governor", None)].result.message
     assert status(recs, "host.kernel_log") == "ok"
     # No GPU and no driver in a tree: the GPU tier says so and is unknown, not ok.
     assert status(recs, "gpu.count") == "unknown"
@@ -585,3 +587,22 @@ def test_a_read_that_times_out_by_itself_counts_as_timed_out():
     out = evaluate([CheckSpec("active.gemm", "active", ("gpubench",), lambda r, pp: r.data("gpubench"))],
                    Reads(recs), prof(), {"gpubench": spec})
     assert out[0].result.status == "critical" and "was killed" in out[0].result.message
+
+
+def test_no_cpufreq_is_ok_only_when_the_profile_allows_any_governor(tmp_path):
+    _, recs = run_tree("base", tmp_path, p=prof(host={"governors": []}))
+    assert status(recs, "host.cpu_governor") == "ok"
+
+
+def test_rapl_power_pmu_is_not_a_hardware_pmu():
+    # The H200 node and this VM expose RAPL's "power" PMU and no core PMU: IPC cannot be counted.
+    from trainprobe.agent.preflight import prereq_checks
+    from trainprobe.agent.preflight.engine import Reads
+
+    def run(pmus):
+        return prereq_checks.hw_counters(Reads({"prereqs": {"data": {"pmus": pmus}, "error": None}}), {})
+
+    assert run(["breakpoint", "msr", "power", "software", "tracepoint", "uprobe"]).status == "warn"
+    assert run(["cpu", "power", "software"]).status == "ok"
+    assert run(["cpu_core", "cpu_atom", "software"]).status == "ok"
+    assert run(["armv8_pmuv3_0", "software"]).status == "ok"
