@@ -81,7 +81,7 @@ def gemm_rate(torch: Any, device: str, n: int, dtype_name: str, min_seconds: flo
         secs = run(step, reps)
     flops = 2.0 * n ** 3 * reps
     return {"n": n, "dtype": dtype_name, "reps": reps, "seconds": round(secs, 6),
-            "tflops": round(flops / secs / 1e12, 3)}
+            "tflops": float(f"{flops / secs / 1e12:.4g}")}  # 4 significant digits: a CPU reads ~0.01
 
 
 def copy_bandwidth(torch: Any, device: str, nbytes: int, reps: int) -> dict[str, Any]:
