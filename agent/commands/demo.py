@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from trainprobe.agent.cli import App
+from trainprobe.agent.commands import Seconds
 
 WORKLOAD = "trainprobe.agent.workloads.train_cpu"
 
@@ -115,9 +116,9 @@ def workload_args(kwargs: dict[str, Any]) -> list[str]:
 
 
 @click.command("demo")
-@click.option("--duration", type=click.FloatRange(2.0, 120.0), default=8.0, show_default=True,
+@click.option("--duration", type=Seconds(2.0, 120.0), default=8.0, show_default=True,
               help="Diagnosis window (s).")
-@click.option("--measure", "measure_s", type=click.FloatRange(2.0, 120.0), default=6.0, show_default=True,
+@click.option("--measure", "measure_s", type=Seconds(2.0, 120.0), default=6.0, show_default=True,
               help="Seconds of steps/s measurement before and after the fix.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (with both reports) on stdout.")
 @click.option("--no-rediagnose", is_flag=True, help="Do not diagnose the fixed job.")

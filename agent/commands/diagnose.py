@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from trainprobe.agent.cli import App, redact_option
+from trainprobe.agent.commands import Seconds
 from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserError
 
 MAX_WINDOW_S = 600.0
@@ -17,18 +18,18 @@ def _names(value: str | None) -> tuple[str, ...]:
 @click.option("--pid", type=int, default=None,
               help="The training process (its DataLoader workers and threads are followed). "
                    "Default: the busiest Python process that loaded torch.")
-@click.option("--duration", type=click.FloatRange(0.5, MAX_WINDOW_S), default=10.0, show_default=True,
+@click.option("--duration", type=Seconds(0.5, MAX_WINDOW_S), default=10.0, show_default=True,
               help="Seconds to watch.")
 @click.option("--rate", type=click.IntRange(1, 500), default=None,
               help="py-spy sampling rate (Hz) for the target and every child, under one sampler. Default: planned "
-                   "to keep the whole agent under 1%% of the job's CPUs (at most 25 Hz for the training process, "
+                   "to keep the whole agent under 1% of the job's CPUs (at most 25 Hz for the training process, "
                    "its DataLoader workers a few at a time at a lower rate; see docs/cost.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
 @click.option("--deep", is_flag=True,
               help="Also run the costly probes: eBPF syscall tracing (its tracepoint tax falls on every process "
-                   "of the host while attached; measured and reported) and the GIL sampler (10-20%% of one core).")
+                   "of the host while attached; measured and reported) and the GIL sampler (10-20% of one core).")
 @click.option("--native", is_flag=True,
               help="Include native frames in py-spy stacks. This needs blocking sampling, which stops the "
                    "target's threads for each sample: use on a job you can afford to slow down.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from trainprobe.agent.cli import App, redact_option
+from trainprobe.agent.commands import Seconds
 from trainprobe.agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_TARGET_GONE, UserError
 from trainprobe.reports import output
 
@@ -64,7 +65,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
 @click.option("--input", "input_path", metavar="PROFILE", default=None,
               help="Draw a saved profile instead of sampling: a bundle, folded stacks, speedscope JSON or a "
                    "py-spy chrometrace.")
-@click.option("--duration", type=click.FloatRange(0.5, 600.0), default=10.0, show_default=True,
+@click.option("--duration", type=Seconds(0.5, 600.0), default=10.0, show_default=True,
               help="Seconds to sample.")
 @click.option("--rate", type=click.IntRange(1, 500), default=25, show_default=True, help="Samples per second.")
 @click.option("-o", "--output", "output_path", metavar="FILE", default=None, help="Write here (default: stdout).")

@@ -9,6 +9,7 @@ import time
 import click
 
 from trainprobe.agent.cli import App
+from trainprobe.agent.commands import Seconds
 
 BAD_INPUT = 3  # Nagios UNKNOWN: a usage error must never read as "critical" (2) to a scheduler
 PASSIVE_DEADLINE_S = 45.0  # well inside the 60 s after which Slurm kills a HealthCheckProgram
@@ -72,7 +73,7 @@ def _indices(value: str | None, what: str) -> list[int] | None:
               help="CPUs the job may use, for the GPU NUMA-affinity check. Default: this process's affinity.")
 @click.option("--skip", multiple=True, metavar="CHECK",
               help="Skip a check id or prefix (repeatable): --skip host.thp --skip 'trainprobe.*'.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1.0, 3600.0), default=None, metavar="SECONDS",
+@click.option("--timeout", "timeout_s", type=Seconds(1.0, 3600.0), default=None, metavar="SECONDS",
               help="Overall deadline in seconds; each read also has its own timeout from the profile. Default: 45 "
                    "(Slurm kills a HealthCheckProgram after 60 s), plus the active tier's budget with --active.")
 @click.option("-v", "--verbose", is_flag=True, help="Explain every check, not only the problems.")
