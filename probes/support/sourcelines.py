@@ -1,34 +1,53 @@
 """Source lines of user-code leaf frames, read only as the target's own user could read them.
 
-A frame's file name is chosen by the target (`compile(src, "/etc/shadow", "exec")` names a frame
-after any file), and trainprobe often runs as root. So a source line is read only:
+A frame's file name is chosen by the target (`compile(src, "/proc/1/maps", "exec")` names a frame
+after any file), and trainprobe often runs as root. So a source line is read only (safeopen):
 
-- through `/proc/PID/root`, resolving the path ourselves one component at a time (O_PATH and
-  O_NOFOLLOW; symbolic links are followed by hand, inside the target's root, at most 40): no
-  absolute link, `..`, or /proc magic link leads outside the target's view of the file system;
-- from a regular file (opened O_NONBLOCK, then `fstat` on the open descriptor: a FIFO, a device
-  or a socket is never read), of at most MAX_FILE_BYTES;
-- when the target's own user could read it: its fs uid, fs gid and supplementary groups (from
-  /proc/PID/status) against the owner, group and mode of the file and of every directory on the
-  way (search permission). ACLs are not consulted: a file readable only through an ACL is skipped.
+- through `/proc/PID/root`, resolving the path one component at a time (O_PATH and O_NOFOLLOW;
+  symbolic links followed by hand, inside the target's root, at most 40);
+- from a regular file (never a FIFO, a device or a socket) of 1 byte to MAX_FILE_BYTES, on a real
+  file system: never procfs, sysfs, cgroupfs, debugfs, tracefs, bpffs, securityfs, configfs or
+  another pseudo file system (fstatfs f_type), and the same inode when read as when checked;
+- with the target's own rights: when trainprobe's rights differ from the target's (root, or
+  capabilities) and it may change its ids, the files are opened and read by a short-lived child
+  process that runs as the target's fs uid, fs gid and groups (from /proc/PID/status), so the
+  kernel itself decides every search and the open. Where that child cannot be started (trainprobe
+  may not change its ids, or no python3 is executable by that user), the same walk runs here and
+  checks those ids by hand against the owner, group and mode of the file and of every directory on
+  the way (ACLs not consulted).
 
 Anything else gives no source line and a note saying why (`skipped`: path -> reason).
-Cost: one open and one bounded read per distinct user-code file of the leaf frames.
+Cost: one open and one bounded read per distinct user-code file of the leaf frames, plus, as root,
+one python3 start (about 20 ms) per trace.
 """
 from __future__ import annotations
 
-import errno
+import json
 import os
-import stat
+import selectors
+import signal
+import subprocess
+import sys
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from trainprobe.probes.errors import ProbeError
 from trainprobe.probes.parsers import procfs, pystacks
+from trainprobe.probes.support import safeopen
+from trainprobe.probes.support.safeopen import Skip
 
 MAX_FILE_BYTES = 4 << 20        # a source file larger than this is not read
 MAX_FILES = 256                 # distinct files read per trace
-MAX_SYMLINKS = 40               # as the kernel's own limit (ELOOP)
+MAX_SYMLINKS = safeopen.MAX_SYMLINKS
+READER_TIMEOUT_S = 10.0         # the child that reads as the target's user, all files together
+MAX_ANSWER_BYTES = 16 << 20     # what that child may send back
+CAP_SETGID, CAP_SETUID = 6, 7
+# The child runs this file's text, handed over on its stdin; its command line stays short.
+_BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'trainprobe-safeopen','exec'))"
+_INTERPRETERS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+_working_interpreter: dict[int, str] = {}     # uid -> the python3 that started as that user
 
 
 @dataclass(frozen=True)
@@ -57,120 +76,201 @@ class Creds:
         return cls(uid, gid, groups)
 
 
-class Skip(Exception):
-    """Why one file was not read."""
+def _effective_caps() -> int:
+    try:
+        return int(procfs.parse_status(procfs.read_text("/", "proc/self/status")).get("CapEff", "0"), 16)
+    except Exception:  # noqa: BLE001 - unknown: assume some, so the rights are checked
+        return -1
 
 
-def _may(st: os.stat_result, creds: Creds, bit: int) -> bool:
-    """DAC check of one permission bit (4 read, 1 search) for `creds`; root passes (DAC override)."""
-    if creds.uid == 0:
-        return True
-    if st.st_uid == creds.uid:
-        return bool(st.st_mode & (bit << 6))
-    if st.st_gid in creds.groups:
-        return bool(st.st_mode & (bit << 3))
-    return bool(st.st_mode & bit)
+def _rights_differ(creds: Creds) -> bool:
+    """Whether this process's own rights are not the target's (other ids, or any capability)."""
+    if os.geteuid() == 0 and creds.uid == 0:
+        return False                      # the target is root too: nothing to take away
+    own_groups = frozenset(os.getgroups()) | {os.getegid()}
+    return (creds.uid, creds.gid, creds.groups) != (os.geteuid(), os.getegid(), own_groups) or _effective_caps() != 0
+
+
+def _may_change_ids() -> bool:
+    caps = _effective_caps()
+    return os.geteuid() == 0 or (caps > 0 and caps >> CAP_SETUID & 1 and caps >> CAP_SETGID & 1)
+
+
+def _open_root(root_dir: str) -> int:
+    try:
+        return os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Skip(f"cannot open the target's root: {exc.strerror}") from None
 
 
 def open_in_root(root_dir: str, path: str, creds: Creds) -> int:
-    """Open `path` (absolute, as the target sees it) below `root_dir` for reading, as `creds` could.
-
-    Returns a file descriptor of a regular file; raises Skip with the reason otherwise.
-    """
-    if not path.startswith("/"):
-        raise Skip("not an absolute path")
-    flags_path = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    """Open `path` (absolute, as the target sees it) below `root_dir` in this process, checking
+    `creds` by hand. Returns a file descriptor of a regular file; raises Skip with the reason."""
+    root_fd = _open_root(root_dir)
     try:
-        root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Skip(f"cannot open the target's root: {exc.strerror}") from None
-    fds = [root_fd]          # the directories walked so far; fds[-1] is the current one
-    pending = [c for c in path.split("/") if c not in ("", ".")]
-    links = 0
-    try:
-        while pending:
-            comp = pending.pop(0)
-            if comp == "..":
-                if len(fds) > 1:
-                    os.close(fds.pop())
-                continue
-            cur = fds[-1]
-            if not _may(os.fstat(cur), creds, 1):
-                raise Skip("the target's user cannot search a directory on the way")
-            try:
-                fd = os.open(comp, flags_path, dir_fd=cur)
-            except OSError as exc:
-                raise Skip(exc.strerror or "cannot open") from None
-            st = os.fstat(fd)
-            if stat.S_ISLNK(st.st_mode):
-                os.close(fd)
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise Skip("too many levels of symbolic links")
-                try:
-                    target = os.readlink(comp, dir_fd=cur)
-                except OSError as exc:
-                    raise Skip(exc.strerror or "cannot read a link") from None
-                parts = [c for c in target.split("/") if c not in ("", ".")]
-                if target.startswith("/"):
-                    while len(fds) > 1:
-                        os.close(fds.pop())
-                pending = parts + pending
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                if not pending:
-                    os.close(fd)
-                    raise Skip("a directory")
-                fds.append(fd)
-                continue
-            if pending:
-                os.close(fd)
-                raise Skip("not a directory on the way")
-            os.close(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise Skip("not a regular file")
-            try:
-                real = os.open(comp, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC,
-                               dir_fd=cur)
-            except OSError as exc:
-                raise Skip(exc.strerror or "cannot open") from None
-            st = os.fstat(real)
-            if not stat.S_ISREG(st.st_mode):      # replaced between the two opens
-                os.close(real)
-                raise Skip("not a regular file")
-            if not _may(st, creds, 4):
-                os.close(real)
-                raise Skip("the target's user may not read it")
-            if st.st_size > MAX_FILE_BYTES:
-                os.close(real)
-                raise Skip(f"larger than {MAX_FILE_BYTES >> 20} MiB")
-            return real
-        raise Skip("a directory")
+        return safeopen.open_below(root_fd, path, (creds.uid, creds.groups), MAX_FILE_BYTES)
     finally:
-        for fd in fds:
-            os.close(fd)
+        os.close(root_fd)
 
 
 def read_lines(root_dir: str, path: str, creds: Creds) -> list[str]:
-    fd = open_in_root(root_dir, path, creds)
+    """Every line of one file, read in this process with `creds` checked by hand (see open_in_root)."""
+    root_fd = _open_root(root_dir)
     try:
-        chunks, n = [], 0
-        while n <= MAX_FILE_BYTES:
-            try:
-                b = os.read(fd, 1 << 16)
-            except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    raise Skip("would block") from None
-                raise Skip(exc.strerror or "read failed") from None
-            if not b:
-                break
-            chunks.append(b)
-            n += len(b)
-        if n > MAX_FILE_BYTES:
-            raise Skip(f"larger than {MAX_FILE_BYTES >> 20} MiB")
+        return safeopen.read_lines(root_fd, path, (creds.uid, creds.groups), MAX_FILE_BYTES)
     finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", errors="replace").splitlines()
+        os.close(root_fd)
+
+
+def _exchange(proc: subprocess.Popen, data: bytes, deadline: float) -> bytes:
+    """Write `data` to the child's stdin and read its stdout to EOF, within the deadline and the
+    answer's size limit (the child runs as the target's user: its answer is untrusted)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    win, rout = proc.stdin.fileno(), proc.stdout.fileno()
+    os.set_blocking(win, False)
+    sel = selectors.DefaultSelector()
+    sel.register(win, selectors.EVENT_WRITE)
+    sel.register(rout, selectors.EVENT_READ)
+    view, out = memoryview(data), bytearray()
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Skip(f"the reader did not answer within {READER_TIMEOUT_S:g} s")
+            for key, _ in sel.select(left):
+                if key.fd == win:
+                    try:
+                        view = view[os.write(win, view[:1 << 16]):]
+                    except BlockingIOError:
+                        continue
+                    except OSError:            # it exited or closed its stdin early
+                        view = view[len(view):]
+                    if not view:
+                        sel.unregister(win)
+                        proc.stdin.close()
+                else:
+                    chunk = os.read(rout, 1 << 16)
+                    if not chunk:
+                        sel.unregister(rout)
+                    out += chunk
+                    if len(out) > MAX_ANSWER_BYTES:
+                        raise Skip("the reader answered too much")
+    finally:
+        sel.close()
+    return bytes(out)
+
+
+def _parse_answer(raw: bytes, creds: Creds, wanted: list[tuple[str, list[int]]]) -> list[dict[int, str] | str]:
+    doc = json.loads(raw)
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if doc.get("uid") != creds.uid or not isinstance(files, list) or len(files) != len(wanted):
+        raise ValueError("not an answer to the request")
+    out: list[dict[int, str] | str] = []
+    for (_path, lines_wanted), item in zip(wanted, files):
+        if isinstance(item, dict) and isinstance(item.get("skip"), str):
+            out.append(item["skip"][:200])
+        elif isinstance(item, dict) and isinstance(item.get("lines"), dict):
+            got = {}
+            for k, v in item["lines"].items():
+                if isinstance(v, str) and k.isdigit() and int(k) in lines_wanted:
+                    got[int(k)] = v[:safeopen.MAX_LINE_CHARS]
+            out.append(got)
+        else:
+            raise ValueError("not an answer to the request")
+    return out
+
+
+def _read_as_target(root_fd: int, wanted: list[tuple[str, list[int]]], creds: Creds,
+                    rec: Any) -> list[dict[int, str] | str]:
+    """The lines wanted, opened and read by a child running as the target's user; raises
+    ProbeError where no such child could be started or it gave no answer."""
+    try:
+        with open(safeopen.__file__, "rb") as fh:
+            code = fh.read()
+    except OSError as exc:
+        raise ProbeError(f"cannot read {safeopen.__file__}: {exc.strerror}") from None
+    files = []
+    for path, lines in wanted:
+        try:
+            files.append([os.fsencode(path).hex(), lines])
+        except UnicodeError:
+            files.append(["", lines])            # not absolute: the child says so
+    request = json.dumps({"root_fd": root_fd, "max_bytes": MAX_FILE_BYTES, "files": files}).encode("ascii")
+    candidates = [_working_interpreter[creds.uid]] if creds.uid in _working_interpreter else []
+    for exe in (sys.executable, *_INTERPRETERS):
+        if exe not in candidates and os.path.exists(exe):
+            candidates.append(exe)
+    deadline = time.monotonic() + READER_TIMEOUT_S
+    why = "no python3 found"
+    for exe in candidates:
+        argv = [exe, "-I", "-S", "-B", "-c", _BOOT, str(len(code))]
+        kw: dict[str, Any] = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  user=creds.uid, group=creds.gid, extra_groups=sorted(creds.groups),
+                                  pass_fds=(root_fd,), env={}, cwd="/", bufsize=0)
+        try:
+            proc = rec.spawn(argv, stop_signal=signal.SIGKILL, **kw) if rec is not None else \
+                subprocess.Popen(argv, **kw)
+        except (OSError, ProbeError, subprocess.SubprocessError) as exc:
+            why = f"{exe} cannot be started as uid {creds.uid}: {getattr(exc, 'strerror', None) or exc}"
+            continue
+        raw, failed = b"", None
+        try:
+            raw = _exchange(proc, code + request, deadline)
+        except Skip as exc:
+            failed = str(exc)
+            proc.kill()
+        finally:
+            if rec is not None:
+                rc = rec.finish(proc, grace_s=1.0)
+            else:
+                try:
+                    rc = proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
+        if failed:
+            raise ProbeError(failed)
+        if not raw and rc != 0:
+            why = f"{exe} did not start as uid {creds.uid} (exit {rc})"
+            continue
+        try:
+            answer = _parse_answer(raw, creds, wanted)
+        except (ValueError, AttributeError, TypeError):
+            raise ProbeError(f"the reader running as uid {creds.uid} gave no usable answer (exit {rc})") from None
+        _working_interpreter[creds.uid] = exe
+        return answer
+    raise ProbeError(why)
+
+
+def read_files(root_dir: str, wanted: list[tuple[str, list[int]]], creds: Creds,
+               rec: Any = None) -> tuple[list[dict[int, str] | str], str]:
+    """For each (absolute path, line numbers): {line: text}, or why it was not read; and how the
+    files were read ("as uid N", or "checked by hand for uid N" and why)."""
+    try:
+        root_fd = _open_root(root_dir)
+    except Skip as exc:
+        return [str(exc)] * len(wanted), "not read"
+    try:
+        how = f"checked by hand for uid {creds.uid}"
+        if wanted and _rights_differ(creds):
+            if _may_change_ids():
+                try:
+                    return _read_as_target(root_fd, wanted, creds, rec), f"as uid {creds.uid}"
+                except ProbeError as exc:
+                    how += f" ({exc})"
+            else:
+                how += " (trainprobe may not change its ids)"
+        out: list[dict[int, str] | str] = []
+        for path, lines_wanted in wanted:
+            try:
+                lines = safeopen.read_lines(root_fd, path, (creds.uid, creds.groups), MAX_FILE_BYTES)
+            except Skip as exc:
+                out.append(str(exc))
+                continue
+            out.append({n: lines[n - 1][:safeopen.MAX_LINE_CHARS] for n in lines_wanted if 0 < n <= len(lines)})
+        return out, how
+    finally:
+        os.close(root_fd)
 
 
 def leaf_frames(events: list[dict[str, Any]]) -> set[tuple[str, int]]:
@@ -206,8 +306,6 @@ def read_leaf_sources(events: list[dict[str, Any]], pid: int | None = None, root
     trace), through `root` as the user who ran trainprobe. `remap` maps a path prefix of the
     machine that ran the job to a local one (imported traces only).
     """
-    import time
-
     root_dir = procfs.path(root, f"proc/{pid}/root") if pid else root
     skipped: dict[str, str] = {}
     out: dict[str, str] = {}
@@ -221,7 +319,7 @@ def read_leaf_sources(events: list[dict[str, Any]], pid: int | None = None, root
             cwd = os.readlink(procfs.path(root, f"proc/{pid}/cwd"))
         except OSError:
             cwd = None
-    cache: dict[str, list[str] | None] = {}
+    frames: dict[str, list[tuple[str, int]]] = {}       # path to read -> the frames (file, line) in it
     for fn, ln in sorted(leaf_frames(events)):
         path = fn
         for a, b in (remap or {}).items():
@@ -233,24 +331,23 @@ def read_leaf_sources(events: list[dict[str, Any]], pid: int | None = None, root
                 skipped.setdefault(fn, "a relative path and the target's working directory is unknown")
                 continue
             path = os.path.join(cwd, path)
-        if path not in cache:
-            if len(cache) >= MAX_FILES:
-                skipped.setdefault(path, f"more than {MAX_FILES} distinct files")
-                continue
-            t0 = time.time()
-            try:
-                cache[path] = read_lines(root_dir, path, creds)
-                if rec is not None:
-                    rec.note("file", f"{root_dir}{path}", 0, t0, time.time() - t0)
-            except Skip as exc:
-                cache[path] = None
-                skipped[path] = str(exc)
-                if rec is not None:
-                    rec.note("file", f"{root_dir}{path} (not read: {exc})", -1, t0, time.time() - t0)
-            except OSError as exc:
-                cache[path] = None
-                skipped[path] = exc.strerror or str(exc)
-        lines = cache.get(path)
-        if lines is not None and 0 < ln <= len(lines):
-            out[f"{fn}:{ln}"] = lines[ln - 1].strip()
+        if path not in frames and len(frames) >= MAX_FILES:
+            skipped.setdefault(path, f"more than {MAX_FILES} distinct files")
+            continue
+        frames.setdefault(path, []).append((fn, ln))
+    wanted = [(path, sorted({ln for _fn, ln in fl if ln > 0})) for path, fl in frames.items()]
+    t0 = time.time()
+    results, how = read_files(root_dir, wanted, creds, rec)
+    seconds = (time.time() - t0) / max(len(wanted), 1)
+    for (path, _lines), got in zip(wanted, results):
+        if isinstance(got, str):
+            skipped[path] = got
+            if rec is not None:
+                rec.note("file", f"{root_dir}{path} (not read, {how}: {got})", -1, t0, seconds)
+            continue
+        if rec is not None:
+            rec.note("file", f"{root_dir}{path} (read {how})", 0, t0, seconds)
+        for fn, ln in frames[path]:
+            if ln in got:
+                out[f"{fn}:{ln}"] = got[ln].strip()
     return out, skipped
