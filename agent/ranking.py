@@ -28,8 +28,15 @@ def rank(findings: list[Finding]) -> list[Finding]:
                                            RISK_ORDER[f.risk], -f.expected_speedup, f.id))
 
 
-def headline(findings: list[dict[str, Any]]) -> str:
-    """One line for the top of every view of the report (findings ranked, as dicts)."""
+def headline(findings: list[dict[str, Any]], plan: dict[str, Any] | None = None) -> str:
+    """One line for the top of every view of the report (findings ranked, as dicts). With a plan (fixes
+    that interact, applied together: agent/report.py) the line leads with the plan."""
+    if plan and plan.get("expected_speedup", 1.0) >= SMALL_GAIN:
+        iv = plan.get("interval") or [plan["expected_speedup"]] * 2
+        knobs = ", ".join(f"{k}={v}" for k, v in (plan.get("knobs") or {}).items())
+        return (f"Plan: apply {knobs} together ({' + '.join(plan['findings'])}), expected "
+                f"{plan['expected_speedup']:.2f}x (likely {iv[0]:.2f}-{iv[1]:.2f}x); the step is then set by "
+                f"{plan.get('binding_words') or plan.get('binding')}")
     gains = [f for f in findings if f["id"] != "compute.bound"]
     if not findings:
         return "No finding: the evidence gathered does not point at a host-side cause."

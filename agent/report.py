@@ -8,6 +8,8 @@ import socket
 from typing import Any
 
 from trainprobe.agent import __version__
+from trainprobe.agent.combiners import step_model
+from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Finding
 from trainprobe.agent.ranking import headline, rank
@@ -71,6 +73,74 @@ def gpu_facts(ev: Evidence) -> dict[str, Any] | None:
     }
 
 
+PLAN_GAIN = 1.03        # a finding joins the plan when it makes the joint step at least this much shorter
+PLAN_IDS = ("dataloader.starved", "host.sync", "host.launch_bound", "h2d.pageable", "cpu.oversubscribed")
+
+
+def fix_knobs(f: Finding) -> dict[str, Any]:
+    """The knobs of a finding's fixes, first fix first (what a harness applies)."""
+    out: dict[str, Any] = {}
+    for fx in f.fixes:
+        for k, v in (fx.knobs or {}).items():
+            out.setdefault(k, v)
+    return out
+
+
+def change_of(finding_id: str, knobs: dict[str, Any]) -> Change | None:
+    """A finding's fix in the step model's terms; None for a fix the model does not cover."""
+    if finding_id not in PLAN_IDS:
+        return None
+    if finding_id == "host.sync":
+        return Change(sync_removed=True)
+    if finding_id == "host.launch_bound":
+        return Change(launch_captured=True)
+    if finding_id == "h2d.pageable":
+        return Change(h2d_removed=True)
+    return Change(workers=knobs.get("num_workers"), intra_threads=knobs.get("intra_op_threads"),
+                  pin_memory=bool(knobs.get("pin_memory")), persistent=bool(knobs.get("persistent_workers")),
+                  runq_removed=finding_id == "cpu.oversubscribed",
+                  sample_cost=float(knobs.get("sample_cost_factor") or 1.0))
+
+
+def plan(ev: Evidence, findings: list[Finding]) -> dict[str, Any] | None:
+    """The combined fix set, when fixes interact: findings taken in rank order while each makes the
+    joint step (the step model, every other constraint in place) at least PLAN_GAIN shorter. None
+    when the best set is one finding's ordinary fix (its own numbers say it all)."""
+    sm = step_model.from_evidence(ev)
+    if sm is None:
+        return None
+    chosen: list[tuple[Finding, dict[str, Any], Change]] = []
+    joint, best = Change(), None
+    for f in findings:
+        knobs = fix_knobs(f)
+        ch = change_of(f.id, knobs)
+        if ch is None:
+            continue
+        cand = joint.merged(ch)
+        step = sm.after(cand)
+        base = best.speedup if best is not None else 1.0
+        if step.speedup >= base * PLAN_GAIN:
+            chosen.append((f, knobs, ch))
+            joint, best = cand, step
+    if best is None:
+        return None
+    knobs: dict[str, Any] = {}
+    for _, k, _ in chosen:
+        for key, v in k.items():
+            knobs.setdefault(key, v)
+    interacting = len(chosen) > 1 or ("num_workers" in knobs and "intra_op_threads" in knobs)
+    if not interacting:
+        return None
+    lo, hi = best.interval
+    names = [f.id for f, _, _ in chosen]
+    words = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    return {"findings": names, "knobs": knobs, "expected_speedup": round(best.speedup, 2),
+            "interval": [round(min(lo, best.speedup), 2), round(max(hi, best.speedup), 2)],
+            "binding": best.binding, "binding_words": step_model.BINDING_WORDS.get(best.binding, best.binding),
+            "derivation": sm.derivation(f"with {words} together", best),
+            "details": sm.details(best)}
+
+
 def diagnose(ev: Evidence) -> tuple[list[Finding], list[RuleRun]]:
     findings, runs = run_rules(ev)
     return rank(findings), runs
@@ -79,7 +149,8 @@ def diagnose(ev: Evidence) -> tuple[list[Finding], list[RuleRun]]:
 def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str, Any],
           findings: list[Finding], rule_runs: list[RuleRun], notes: list[str] | None = None) -> dict[str, Any]:
     ranked = [f.to_dict() for f in findings]
-    return {
+    the_plan = plan(ev, findings)
+    doc = {
         "schema": SCHEMA,
         "tool": {"name": "trainprobe", "version": __version__},
         "command": command,
@@ -88,12 +159,15 @@ def build(ev: Evidence, command: str, window: dict[str, Any], overhead: dict[str
         "window": window,
         "probes": [rec.to_dict() for rec in ev.records.values()],
         "gpu": gpu_facts(ev),
-        "headline": headline(ranked),
+        "headline": headline(ranked, the_plan),
         "findings": ranked,
         "overhead": overhead,
         "rules": [r.to_dict() for r in rule_runs],
         "notes": _dedupe(list(notes or []) + list((ev.get("gpu") or {}).get("notes", [])) + list(ev.notes)),
     }
+    if the_plan is not None:
+        doc["plan"] = the_plan
+    return doc
 
 
 def _dedupe(lines: list[str]) -> list[str]:

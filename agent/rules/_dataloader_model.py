@@ -20,22 +20,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainprobe.agent.combiners.step_model import CAL
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact
 
-# The hand-off factor k (docs/models.md): CPU a batch costs in a worker over what it cost in the loop.
-HANDOFF_K = (1.0, 1.5, 2.0)   # (low, middle, high)
+# The calibrated constants live in one place, the step model's Calibration (fitted held out on the
+# validation ledger: scripts/ledger.py --heldout, docs/models.md); these names are its (low, middle,
+# high) values as the worker proposal below reads them.
+# k: CPU a batch costs in a worker over what it cost in the loop.
+HANDOFF_K = CAL.handoff_k
 HEADROOM = 1.5                # workers proposed over the fewest that reach the best step time
-# Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P (docs/models.md).
-BETA = (0.0, 0.0, 0.9)        # (none, middle, high)
-# The loop's own time after a fix that turns pin_memory on in a CUDA job that copied from pageable
-# memory: C becomes A_PIN * C (docs/models.md: fitted to the GPU ledger's timm and Lightning rows,
-# where the loop after the fix ran faster than its own measured time C; in-sample).
-A_PIN = (0.6, 0.77, 1.0)      # (most shrink, middle, none)
-# Re-created workers cost the loop more than the time py-spy sees it starting and joining them (s):
-# after each fork the parent pays copy-on-write faults in its own code. Persistent workers return
-# CHURN_M * s (docs/models.md: fitted to the CPU ledger's workers-recreated row, two runs).
-CHURN_M = (1.0, 2.3, 3.0)
+# Loop slowdown from sharing the CPUs with W busy workers: C grows by BETA * W / P.
+BETA = CAL.beta
+# The loop's own time after pin_memory=True in a CUDA job that copied from pageable memory: A_PIN * C.
+A_PIN = CAL.a_pin
 SAMPLE_Z = 2.0                # sampling error of f in the interval: this many standard errors
 CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 
@@ -128,9 +126,23 @@ def model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: floa
     d = worker_cores + f_load if w_now else f_load * HANDOFF_K[1]
     if d <= 0:
         d = f
-    loop_cores = max(1.0, (main_cores - f_load) / c)
+    # Cores the loop uses while it computes: the CPU of its threads, not the pin-memory thread's (which
+    # runs whatever the loop does), less its own loading, over the time it computes; never more than
+    # its busy threads or the CPUs it may use (a loop that waits most of the window would otherwise
+    # read 12.5 cores on 2 CPUs).
+    team = [t for t in me.get("threads") or [] if "pin" not in (t.get("name") or "")]
+    team_cores = sum(float(t.get("cpu_fraction") or 0.0) for t in team) if team else main_cores
+    busy = max(1, sum(1 for t in team if float(t.get("cpu_fraction") or 0.0) >= 0.10))
+    loop_cores = max(1.0, min((team_cores - f_load) / c, float(busy), p))
     share = f" (1/{n_trainers} of {proc['cpus_available']:g}, shared by {n_trainers} ranks)" if n_trainers > 1 else ""
-    facts += [Fact("process", "CPUs the training process may use (affinity, cgroup quota)" + share, round(p, 2)),
+    quota = proc.get("cpu_quota_cores")
+    allowed = float(proc["cpus_available"]) / max(n_trainers, 1)
+    where = f"affinity {proc.get('cpus_allowed')} CPUs, " + (f"cgroup quota {quota:g} CPUs" if quota else "no cgroup quota")
+    facts.append(Fact("process", f"CPUs the training process may use ({where})" + share, round(allowed, 2)))
+    if p < allowed - 1e-6:
+        facts.append(Fact("process", "CPUs it can count on while other work crowds them (derived: the CPUs it may "
+                                     "use times 1 - its loop's run-queue share)", round(p, 2)))
+    facts += [
               Fact("process", "CPU cores it and its workers used over the window", round(u, 2)),
               Fact("process", "cores the training process uses while it computes", round(loop_cores, 2)),
               Fact("process", "DataLoader worker processes", w_now)]

@@ -44,3 +44,30 @@ def idle_bound(att: Attribution, what: str, x: float) -> str:
     return (f"GPU idle while the training thread was {what}: x={x:.2f} of {att.observed_s:.1f} s observed "
             f"({att.samples} NVML periods of {1000 * (att.period_s or 0):.0f} ms, idle split by the host timeline); "
             f"that idle time off the step: 1/(1-x) = {amdahl(x):.2f}x")
+
+
+# A model run through torch.compile shows these in its frames (py-spy names a frame by its function
+# and its file's base name, sometimes with the path): dynamo's frame hook, the AOT autograd wrappers,
+# inductor's compiled graph calls.
+COMPILED_MARKS = ("torch/_dynamo", "torch/_inductor", "torch/_functorch/aot_autograd", "eval_frame.py",
+                  "aot_autograd.py", "runtime_wrappers.py", "compiled_fn", "CompiledFunction",
+                  "OptimizedModule", "compile_fx.py", "output_code.py")
+# ... and these when its graphs are replayed from CUDA graphs (mode="reduce-overhead" / "max-autotune").
+CUDAGRAPH_MARKS = ("cudagraph_trees", "cudagraphs", "CUDAGraph", "cudagraph_")
+
+
+def _frames(spy: dict[str, Any]) -> list[str]:
+    tt = spy.get("training_thread") or {}
+    out = [fr for v in (tt.get("top_stacks") or {}).values() for x in v for fr in x.get("stack") or []]
+    for t in spy.get("other_threads") or []:
+        out += [fr for x in t.get("top") or [] for fr in x.get("stack") or []]
+    return out
+
+
+def compiled_model(spy: dict[str, Any]) -> dict[str, Any]:
+    """{'compiled': bool, 'cudagraphs': bool, 'frame': an example frame}: whether the training thread
+    runs a torch.compile'd model, and whether its graphs replay from CUDA graphs (py-spy's frames)."""
+    frames = _frames(spy)
+    comp = next((fr for fr in frames if any(m in fr for m in COMPILED_MARKS)), None)
+    graphs = next((fr for fr in frames if any(m in fr for m in CUDAGRAPH_MARKS)), None)
+    return {"compiled": bool(comp or graphs), "cudagraphs": bool(graphs), "frame": graphs or comp}

@@ -28,11 +28,13 @@ from typing import Any
 
 from trainprobe.agent.analysis import gpu_idle
 from trainprobe.agent.analysis.gpu_idle import amdahl
+from trainprobe.agent.combiners import step_model
+from trainprobe.agent.combiners.step_model import CAL, Change, StepModel
 from trainprobe.agent.combiners.training_ranks import collective_wait_share, data_share, gpu_busy_of, trainers
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
-from trainprobe.agent.rules._dataloader_model import (A_PIN, BETA, CHURN_M, HANDOFF_K, HEADROOM, SAMPLE_Z,
+from trainprobe.agent.rules._dataloader_model import (A_PIN, BETA, HANDOFF_K, HEADROOM, SAMPLE_Z,
                                                       max_workers, model_inputs, propose_workers, settings_step,
                                                       step_time)
 from trainprobe.agent.rules._gpu_facts import CAUSE_SHARE, common_facts, idle_bound
@@ -98,6 +100,7 @@ class Plan:
     settings_help: Any
     w_cap: int = 0
     pinned_now: bool = False
+    step_details: dict[str, Any] | None = None
 
 
 def _rank_facts(ev: Evidence, lp: Loop) -> list[Fact]:
@@ -168,28 +171,18 @@ def _pinned_now(spy: dict[str, Any], lp: Loop, w_now: int) -> bool:
     return pinned
 
 
-def _churn(lp: Loop, facts: list[Fact]) -> tuple[float, tuple[float, float], str] | None:
+def _churn(sm: StepModel | None, w: int, facts: list[Fact]) -> tuple[float, tuple[float, float], str] | None:
     """Workers re-created each epoch: (speedup, interval, bound) of keeping them, or None."""
-    tt, f = lp.tt, lp.f
-    # Only the re-creation goes: the loop's time starting workers (py-spy: in
-    # _MultiProcessingDataLoaderIter.__init__) and joining them at each epoch's end.
-    s_start = min(float(tt.get("worker_startup_seconds") or 0.0) / max(float(tt.get("seconds") or 0.0), 1e-6), f)
-    s_stop = min(sum(x["fraction"] for x in lp.top_stacks.get("data_wait") or []
-                     if any("_shutdown_workers" in fr for fr in x["stack"])), f - s_start)
-    churn = s_start + s_stop
-    if churn <= 0:
+    if sm is None or sm.churn_s <= 0:
         return None
-
-    def _g(mult: float) -> float:
-        return 1.0 / (1.0 - min(mult * churn, 0.9))
-
-    speedup = _g(CHURN_M[1])
-    facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(churn, 3)))
-    bound = (f"workers re-created each epoch: the loop spends s={churn:.2f} starting and joining them "
-             f"(py-spy) and about {CHURN_M[1] - 1:g}x that again in copy-on-write faults after each "
-             f"fork (fitted to the ledger); persistent workers remove it: 1/(1-{CHURN_M[1]:g}s)="
-             f"{speedup:.2f}x ({CHURN_M[0] * 0.5:g}s to {CHURN_M[2]:g}s); an estimate")
-    return speedup, (_g(CHURN_M[0] * 0.5), _g(CHURN_M[2])), bound
+    step = sm.after(Change(persistent=True, workers=w))
+    facts.append(Fact("pyspy", "share of the loop starting and joining workers each epoch", round(sm.churn_s, 3)))
+    m = CAL.churn_m
+    bound = (f"workers re-created each epoch: the loop spends {100 * sm.churn_s:.0f}% of the step starting and "
+             f"joining them (py-spy) and about {m[1] - 1:g}x that again in copy-on-write faults after each fork "
+             f"(fitted to the ledger), at most half the loop's own time; persistent workers remove both: "
+             + sm.derivation("with persistent workers", step).split("; ", 1)[1])
+    return step.speedup, step.interval, bound
 
 
 def _settings_kwargs(m: dict[str, Any], w_prop: int, more: bool, recreated: bool, bursty: bool,
@@ -266,22 +259,50 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
         plan.w_cap, plan.pinned_now = w_cap, pinned_now
         return plan
     w_prop = max(w_best, w_now)
-    speedup, interval = settings_step(m, w_prop, c_err, k, a)
+    sm = step_model.from_evidence(ev, lp.worst["pid"] if lp.multi else None)
+    threads = None
+    if sm is not None:
+        step = sm.after(Change(workers=w_prop, pin_memory=pin_fix, persistent=recreated))
+        if step.oversubscribed:
+            # The workers need CPUs the intra-op threads take: cap the threads so both fit (the joint fix).
+            threads = max(1, int(math.floor(sm.p_allowed + 1e-6)) - w_prop)
+            step = sm.after(Change(workers=w_prop, pin_memory=pin_fix, persistent=recreated, intra_threads=threads))
+            facts.append(Fact("process", f"busy intra-op threads of the training process beside {w_prop} new "
+                                         f"worker(s) on {sm.p_allowed:g} CPUs", sm.threads_busy))
+        speedup, interval = step.speedup, step.interval
+        what = f"with {w_prop} worker{'s' if w_prop != 1 else ''}" + (f" and {threads} intra-op thread"
+                                                                      f"{'s' if threads != 1 else ''}"
+                                                                      if threads else "")
+        words = sm.derivation(what, step)
+    else:
+        speedup, interval = settings_step(m, w_prop, c_err, k, a)
+        words = ""
     if bursty and not more and not recreated:
         # Deeper prefetch removes only the bursty part of the wait, which the samples do not
         # separate from the workers' pace: half the gain, with the interval from none to all.
         interval = (1.0, speedup)
         speedup = 1.0 + (speedup - 1.0) / 2.0
-    churn = _churn(lp, facts) if recreated and not more else None
+    churn = _churn(sm, w_prop, facts) if recreated and not more else None
     if churn is not None:
         speedup, interval, bound = churn
     else:
-        bound = _settings_bound(lp, m, w_prop, cpu_note, pin_fix, c_err)
+        bound = (words + f"; at most {w_cap} worker{'s' if w_cap != 1 else ''} fit beside the loop "
+                 f"({cpu_note}); the symbols and constants are in details" if words
+                 else _settings_bound(lp, m, w_prop, cpu_note, pin_fix, c_err))
     kwargs = _settings_kwargs(m, w_prop, more, recreated, bursty, pinned_now)
     fixes = _settings_fixes(m, kwargs, w_prop, more, recreated)
+    if threads:
+        fixes.insert(1, Fix(f"Cap the training process at {threads} intra-op thread{'s' if threads != 1 else ''} so "
+                            f"the worker{'s' if w_prop != 1 else ''} get{'' if w_prop != 1 else 's'} a CPU "
+                            f"({sm.threads_busy} busy now on {sm.p_allowed:g} CPUs)",
+                            change=f"torch.set_num_threads({threads})  # at start-up, before the first op",
+                            command=f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} python ...",
+                            knobs={"intra_op_threads": threads}))
     if recreated:
         facts.append(Fact("process", "worker processes were re-created during the window", True))
-    return Plan(speedup, interval, bound, fixes, w_prop, kwargs, settings_help, w_cap, pinned_now)
+    plan = Plan(speedup, interval, bound, fixes, w_prop, kwargs, settings_help, w_cap, pinned_now)
+    plan.step_details = sm.details(step) if sm is not None else None
+    return plan
 
 
 def _cpu_limited_plan(lp: Loop, m: dict[str, Any], cpu_note: str) -> Plan:
@@ -356,6 +377,7 @@ def _details(lp: Loop, m: dict[str, Any], plan: Plan, recreated: bool) -> dict[s
             "ranks": len(lp.ranks), "proposed_num_workers": plan.w_prop, "current_num_workers": m["w_now"],
             "cpus_available": m["p"], "settings_help": plan.settings_help, "recreated": recreated,
             "pin_memory_now": plan.pinned_now, "dataloader_kwargs": plan.kwargs,
+            "step_model": plan.step_details,
             "model": {"C": round(m["c"], 4), "D": round(m["d"], 4), "U": round(m["u"], 4), "P": m["p"],
                       "L": round(m["loop"], 3), "W_max": plan.w_cap}}
 

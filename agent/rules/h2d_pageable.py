@@ -12,6 +12,8 @@ from typing import Any
 
 from trainprobe.agent.analysis import gpu_idle
 from trainprobe.agent.analysis.gpu_idle import Attribution, amdahl
+from trainprobe.agent.combiners import step_model
+from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -93,10 +95,18 @@ def h2d_blocking(ev: Evidence) -> Finding | None:
     rx, link = pcie.get("rx_gbps_mean"), pcie.get("link_gbps")
     facts = _facts(ev, att, x)
     speedup = amdahl(x)
+    # The step model keeps every other constraint in place (the workers' pace, the GPU's busy time):
+    # the copy off the loop's path gains what they allow.
+    sm = step_model.from_evidence(ev)
+    step = sm.after(Change(h2d_removed=True)) if sm is not None else None
+    if step is not None and step.speedup < speedup:
+        speedup = step.speedup
     # NVML counts part of a pageable copy's DMA as busy time, and pinning shortens that too: the H200
     # measured 1.20-1.23x this estimate (two runs). The interval reaches the link ceiling above.
     interval_hi = 1.0 + (speedup - 1.0) * 1.5
     bound = idle_bound(att, "copying batches to the GPU", x)
+    if step is not None:
+        bound += "; " + sm.derivation("with the copy off the loop's path", step)
     if rx and link:
         speedup, interval_hi, bound = _link_bound(gpu, rx, link, speedup, interval_hi, bound, facts)
     fixes, title, conf = _fixes(x, pinned, rx, facts)

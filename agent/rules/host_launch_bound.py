@@ -3,22 +3,29 @@
 From the GPU-idle attribution (agent/analysis/gpu_idle.py, facts in _gpu_facts.py): x is the share
 of the observed time the GPU idled while the training thread ran forward, backward and optimizer.
 torch.compile(mode="reduce-overhead") captures only part of that (not the optimizer, not the Python
-between steps): the expected speedup is 1 / (1 - e x), with e fitted to the GPU ledger.
+between steps): the step after the fix comes from the step model (agent/combiners/step_model.py): the
+loop's own time less e x, with every other constraint (GPU busy time, the workers' pace, the CPUs)
+in place; e is the step model's calibrated compile_e. A model that is compiled already (py-spy sees
+dynamo, AOT autograd or inductor frames) is told so, and what is left is CUDA graphs; one whose
+graphs already replay from CUDA graphs gets no finding (the launch time left is not the model's).
 """
 from __future__ import annotations
 
 from trainprobe.agent.analysis import gpu_idle
-from trainprobe.agent.analysis.gpu_idle import Attribution, amdahl
+from trainprobe.agent.analysis.gpu_idle import Attribution
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
-from trainprobe.agent.rules._gpu_facts import common_facts, idle_bound
+from trainprobe.agent.combiners import step_model
+from trainprobe.agent.combiners.step_model import CAL, Change
+from trainprobe.agent.rules._gpu_facts import common_facts, compiled_model, idle_bound
 
 LAUNCH_SHARE = 0.15       # idle while the host runs the step's Python: launch overhead
-# Share of the launch-bound idle that torch.compile(mode="reduce-overhead") of the model removes
-# (docs/models.md: fitted to the GPU ledger's launch-bound row, 1.89x measured where the whole idle
-# share gave 4.53x; one point, in-sample): (low, middle, high).
-COMPILE_CAPTURE = (0.45, 0.60, 0.80)
+LAUNCH_WORTH = 1.05       # the step after the fix must be at least this much shorter
+# Share of the launch-bound idle that torch.compile(mode="reduce-overhead") of the model removes: the
+# step model's compile_e (docs/models.md: one GPU-ledger row, 1.89x measured where the whole idle share
+# gave 4.53x; one row, so held out it is a prior, not a fit): (low, middle, high).
+COMPILE_CAPTURE = tuple(sorted(CAL.compile_e))
 
 
 def _facts(ev: Evidence, att: Attribution, x: float) -> list[Fact]:
@@ -36,10 +43,15 @@ def _facts(ev: Evidence, att: Attribution, x: float) -> list[Fact]:
     return facts
 
 
-def _fixes() -> list[Fix]:
-    return [Fix("Capture the step in CUDA graphs: one launch replays all its kernels",
-                change='model = torch.compile(model, mode="reduce-overhead")',
-                knobs={"compile": "reduce-overhead"}),
+def _fixes(compiled: bool) -> list[Fix]:
+    first = (Fix("The model is compiled already (torch.compile): what is left is CUDA graphs, one launch "
+                 "replaying all of a graph's kernels",
+                 change='model = torch.compile(model, mode="reduce-overhead")  # or mode="max-autotune"',
+                 knobs={"compile": "reduce-overhead"}) if compiled else
+             Fix("Capture the step in CUDA graphs: one launch replays all its kernels",
+                 change='model = torch.compile(model, mode="reduce-overhead")',
+                 knobs={"compile": "reduce-overhead"}))
+    return [first,
             Fix("Give each kernel more work: fewer, larger steps",
                 change="DataLoader(..., batch_size=4 * batch_size)  # scale the learning rate with it"),
             Fix("Fuse the optimizer's per-parameter kernels",
@@ -55,17 +67,35 @@ def launch_bound(ev: Evidence) -> Finding | None:
     x = att.idle_share("launch")
     if x < LAUNCH_SHARE:
         return None
+    comp = compiled_model(ev.get("pyspy") or {})
+    if comp["cudagraphs"]:
+        return None        # the graphs replay from CUDA graphs already: no setting of the model is left
+    sm = step_model.from_evidence(ev)
+    if sm is None:
+        return None
+    step = sm.after(Change(launch_captured=True))
+    if step.speedup < LAUNCH_WORTH:
+        return None        # another constraint (the workers' pace, the GPU) sets the step after the fix
     e_lo, e_mid, e_hi = COMPILE_CAPTURE
-    speedup = amdahl(e_mid * x)
-    bound = (idle_bound(att, "running the step's Python (forward, backward, optimizer)", x)
-             + f"; torch.compile(mode=\"reduce-overhead\") of the model captures only part of it (not the "
-               f"optimizer, not the Python between steps): 1/(1-e x) with e={e_mid:g} ({e_lo:g}-{e_hi:g}), "
-               f"fitted to the ledger; an estimate")
+    facts = _facts(ev, att, x)
+    what = ("with CUDA graphs (the model is compiled already; CUDA graphs capture about "
+            f"e={e_mid:g} ({e_lo:g}-{e_hi:g}) of that idle time, not the optimizer nor the Python between steps)"
+            if comp["compiled"] else
+            f"with torch.compile(mode=\"reduce-overhead\") (it captures about e={e_mid:g} ({e_lo:g}-{e_hi:g}) of "
+            "that idle time, not the optimizer nor the Python between steps)")
+    bound = idle_bound(att, "running the step's Python (forward, backward, optimizer)", x) + "; " + \
+        sm.derivation(what, step)
+    if comp["compiled"]:
+        facts.append(Fact("pyspy", "the model runs through torch.compile (frame seen: " + str(comp["frame"]) + ")",
+                          True))
+    speedup, interval = step.speedup, step.interval
     return Finding("host.launch_bound",
                    f"The GPU idles {pct(x)} of the time while the host issues its kernels: the step is launch-bound",
-                   speedup, bound, "medium" if x >= 0.4 else "low", _facts(ev, att, x), _fixes(), risk="medium",
+                   speedup, bound, ("medium" if x >= 0.4 else "low") if not comp["compiled"] else "low", facts,
+                   _fixes(comp["compiled"]), risk="medium",
                    # The printed fix, torch.compile(mode="reduce-overhead"), measured 1.89x on the GPU
                    # ledger where 1/(1-x) said 4.53x; a hand-written whole-step CUDA graph (not printed)
                    # measured more. The interval spans the captured share e.
-                   interval=(amdahl(e_lo * x), amdahl(e_hi * x)),
-                   details={"gpu_idle_share_launch": round(x, 4), "attribution": att.to_dict()})
+                   interval=interval,
+                   details={"gpu_idle_share_launch": round(x, 4), "compiled": comp["compiled"],
+                            "step_model": sm.details(step), "attribution": att.to_dict()})

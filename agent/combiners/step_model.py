@@ -1,0 +1,439 @@
+"""The step model: today's training step split into what the probes measured, and the step after a fix.
+
+One fact joined from several probes, computed once per Evidence and read by every rule that
+predicts a speedup (dataloader.starved, host.sync, host.launch_bound, h2d.pageable,
+cpu.oversubscribed) and by the report's plan. Today's step is 1. Its parts:
+
+    f_load   the loop loads batches itself (py-spy: data_load, num_workers=0)
+    f_wait   the loop waits for DataLoader workers (py-spy: data_wait)
+    C        the loop's own time, 1 - f_load - f_wait, of which
+      s        host-device syncs (py-spy: .item(), .cpu(), synchronize),
+      x_launch the GPU idled while the loop issued kernels (NVML + py-spy),
+      x_h2d    the GPU idled while the loop copied batches to it,
+    b        the GPU's busy share (NVML): no fix on the host makes the step shorter than that,
+    D        CPU-seconds per step of producing batches: the workers' measured CPU, or k f_load when
+             the loop loads them itself (k: a batch made in a worker costs more CPU, HANDOFF_K),
+    U, P     CPU-seconds the job uses per step and the CPUs it may use (affinity, cgroup quota, its
+             share of the node's ranks); where the loop waited for a CPU a share r >= 5% of the
+             window, P counts only the CPUs the job gets (P (1 - r)),
+    L, n     cores the loop uses while it computes (intra-op threads at work) and its busy threads.
+
+The step after a fix is the largest of what stays in place:
+    loop   the loop's own time after the fix (less the sync, launch or copy time removed, times
+           A_PIN after a pinning fix, times L/n' when its intra-op threads are capped at n'),
+           plus f_load while the loop still loads batches itself,
+    data   k D / (W e(W)): W workers each at the per-worker rate e(W) of today's (e falls as W grows
+           beside the P CPUs: memory bandwidth, decode, the main process's collation and pinning;
+           SCALE_A below, fitted held out; see docs/models.md),
+    cpu    U' / P, the CPU the job needs after the fix over the CPUs it gets,
+    gpu    b, the GPU's own busy time.
+A fix is worth 1 / step'. The binding term is the constraint that sets the predicted step; every
+other constraint stays in place, so removing a sync on a job that waits for its workers gains what
+the workers allow. Where the fix gives W workers and n' intra-op threads more busy threads than P
+CPUs, the parallel regions wait for their slowest thread (a thread sharing its CPU with a worker):
+the model expects no gain and the fix must cap the threads too (measured on a 2-CPU machine:
+num_workers=1 beside 2 intra-op threads 0.82-0.87x, with 1 intra-op thread 1.44x).
+
+The interval runs every calibrated constant over its range (Calibration: the low, middle and high
+value of each) plus py-spy's sampling error of the shares. The constants are fitted held out on the
+validation ledger (scripts/ledger.py --heldout, docs/ledger.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trainprobe.agent.analysis import gpu_idle
+from trainprobe.agent.combiners.training_ranks import data_share, trainers
+from trainprobe.agent.evidence import Evidence
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted constants, each (optimistic, middle, pessimistic) for the step after a fix.
+
+    handoff_k   CPU a batch costs in a worker over what it cost in the loop (D measured in the loop)
+    beta        the loop's own time grows by beta W / P as W busy workers share its CPUs
+    a_pin       the loop's own time after pin_memory=True, over today's (pageable batches from workers)
+    churn_m     time persistent workers return per unit of the loop's start/join share s (the forks'
+                copy-on-write faults come back with them)
+    scale_a     per-worker rate at W workers: e(W) = 1 / (1 + a max(0, W - max(W_now, 1)) / P)
+    compile_e   share of the launch-bound GPU idle that torch.compile(mode="reduce-overhead") removes
+    """
+    handoff_k: tuple[float, float, float] = (1.0, 1.5, 2.0)
+    beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
+    a_pin: tuple[float, float, float] = (0.6, 0.77, 1.0)
+    churn_m: tuple[float, float, float] = (3.0, 2.3, 1.0)
+    scale_a: tuple[float, float, float] = (0.0, 0.25, 2.0)
+    compile_e: tuple[float, float, float] = (0.80, 0.60, 0.45)
+
+
+CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
+SAMPLE_Z = 2.0                # sampling error of a share in the interval: this many standard errors
+CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
+BUSY = 0.10                   # a thread on a CPU (or waiting for one) at least this share is busy
+PIN_THREAD = ("pin", "pt_data_pin")
+# torch's autograd device threads (one per GPU) wait on the GPU: not intra-op threads on a CPU.
+DEVICE_THREAD = ("pt_autograd",)
+SCENARIOS = ("lo", "mid", "hi")   # lo: the shortest step (highest speedup); hi: the longest
+
+
+def calibration() -> Calibration:
+    return CAL
+
+
+def set_calibration(cal: Calibration) -> None:
+    global CAL
+    CAL = cal
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a fix changes, in the step model's terms (None / False: unchanged)."""
+    workers: int | None = None            # num_workers after the fix
+    intra_threads: int | None = None      # the training process's intra-op threads after the fix
+    pin_memory: bool = False              # batches from workers pinned (a CUDA job that copied pageable)
+    persistent: bool = False              # re-created workers kept alive across epochs
+    sync_removed: bool = False            # no host-device sync per step
+    launch_captured: bool = False         # the step's kernels replayed from CUDA graphs
+    h2d_removed: bool = False             # the copy to the GPU off the loop's path
+    runq_removed: bool = False            # no more runnable threads of the job than CPUs
+    sample_cost: float = 1.0              # each sample's CPU cost scaled by this
+
+    def merged(self, other: "Change") -> "Change":
+        kw = {}
+        for k in self.__dataclass_fields__:
+            a, b = getattr(self, k), getattr(other, k)
+            if k == "sample_cost":
+                kw[k] = min(a, b)
+            elif isinstance(a, bool) or isinstance(b, bool):
+                kw[k] = bool(a or b)
+            else:
+                kw[k] = b if b is not None else a
+        return Change(**kw)
+
+
+@dataclass
+class Step:
+    """The step after a change, today's step = 1: the middle estimate and the interval's ends."""
+    mid: float
+    lo: float
+    hi: float
+    binding: str                           # the term that sets the middle estimate
+    terms: dict[str, float] = field(default_factory=dict)   # every term at the middle estimate
+    oversubscribed: bool = False           # the fix puts more busy threads than CPUs
+
+    @property
+    def speedup(self) -> float:
+        return 1.0 / max(self.mid, 1e-6)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return 1.0 / max(self.hi, 1e-6), 1.0 / max(self.lo, 1e-6)
+
+
+BINDING_WORDS = {
+    "loop": "the loop's own work", "data": "the DataLoader workers' pace", "cpu": "the CPUs the job gets",
+    "gpu": "the GPU's busy time", "loading": "the loop's own loading and compute",
+    "oversubscribed": "threads waiting for CPUs (more busy threads than CPUs)",
+}
+
+
+@dataclass
+class StepModel:
+    """Today's step, split into what the probes measured (shares of today's step)."""
+    f_wait: float
+    f_load: float
+    s_sync: float = 0.0
+    x_launch: float = 0.0
+    x_h2d: float = 0.0
+    gpu_busy: float | None = None
+    d: float = 0.0                     # CPU-s per step of batch production (k applied where in-loop)
+    u: float = 1.0
+    p: float = 0.0                     # CPUs the loop can count on (after crowding)
+    p_allowed: float = 0.0             # CPUs it may use (affinity, quota, ranks share)
+    loop_cores: float = 1.0
+    threads_busy: int = 1              # busy threads of the training process now
+    w_now: int = 0
+    d_inloop: bool = True
+    known_p: bool = False
+    uses_cuda: bool = False
+    recreated: bool = False
+    churn_s: float = 0.0               # the loop's share starting and joining re-created workers
+    r_loop: float = 0.0
+    n_samples: float = 100.0
+    pid: int | None = None
+    ranks: int = 1
+    p_source: str = ""
+
+    @property
+    def f(self) -> float:
+        return self.f_wait + self.f_load
+
+    @property
+    def c(self) -> float:
+        return max(1.0 - self.f, 0.02)
+
+    def share_err(self, x: float) -> float:
+        return SAMPLE_Z * math.sqrt(max(x * (1.0 - x), 0.0) / max(self.n_samples, 1.0))
+
+    # -- the step after a change -----------------------------------------------------------------
+
+    def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:
+        i = SCENARIOS.index(sc)
+        err = self.share_err(self.f) * (-1, 0, 1)[i]
+        c = max(self.c + err, 0.02)
+        w = self.w_now if ch.workers is None else ch.workers
+        loop = c
+        if ch.sync_removed:
+            loop -= self.s_sync
+        if ch.launch_captured:
+            loop -= cal.compile_e[i] * self.x_launch
+        if ch.h2d_removed:
+            loop -= self.x_h2d
+        if ch.pin_memory and self.uses_cuda and not self.d_inloop:
+            loop *= cal.a_pin[i]
+        if ch.runq_removed and self.r_loop > 0:
+            loop *= 1.0 - min(self.r_loop, 0.95)
+        n_now = max(self.threads_busy, 1)
+        n = ch.intra_threads or n_now
+        if n < self.loop_cores:
+            loop *= self.loop_cores / n
+        if self.p and w > self.w_now:
+            # Busy workers share the loop's CPUs: its time grows by beta W / P (all W workers: today's
+            # step already carries today's, but the measured rows cannot separate the two).
+            loop *= 1.0 + cal.beta[i] * w / self.p
+        w_same = ch.workers is None or ch.workers == self.w_now
+        if ch.persistent and self.recreated and self.churn_s > 0 and w_same:
+            # (With more workers too, the re-created workers' CPU was hidden from the probes: the new
+            # workers' pace, not the forks' cost, is the open question; the ledger's GAN row.)
+            # Persistent workers take the start/join share s off the step and the forks' copy-on-write
+            # faults, (m - 1) s, off the loop's own time, which can at most halve (CHURN_CAP): the
+            # gain is bounded by the loop's remaining work, never hyperbolic in s.
+            loop -= min((cal.churn_m[i] - 1.0) * self.churn_s, CHURN_CAP * loop)
+        d = self.d * ch.sample_cost
+        k = cal.handoff_k[i] / CAL_MID_K if self.d_inloop else 1.0
+        terms: dict[str, float] = {}
+        workers_same = (w == self.w_now and ch.sample_cost == 1.0)
+        if w <= 0:
+            # The loop still loads its own batches: loading and compute add up.
+            terms["loading"] = loop + self.f_load * ch.sample_cost + self.f_wait
+        elif workers_same and ch.persistent and self.churn_s > 0:
+            # Only the re-creation goes: the wait beyond it stays (the workers' pace is unchanged).
+            terms["loop"] = loop + max(self.f_wait - self.churn_s, 0.0)
+        else:
+            terms["loop"] = loop
+            eff = 1.0 / (1.0 + cal.scale_a[i] * max(0, w - max(self.w_now, 1)) / max(self.p, 1.0))
+            terms["data"] = k * d / (w * eff) if d > 0 else 0.0
+        if self.p > 0:
+            if self.d_inloop and w > 0:
+                u = self.u - self.f_load + k * d
+            else:
+                u = self.u - (1.0 - ch.sample_cost) * min(self.d, self.u)
+            # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
+            # time-sharing them) is held to today's ratio, not counted slower than it is.
+            terms["cpu"] = (u / self.p) / max(1.0, self.u / self.p)
+        if self.gpu_busy is not None:
+            terms["gpu"] = self.gpu_busy
+        over = False
+        if self.p_allowed and w > 0 and w > self.w_now and (n + w) > self.p_allowed + 1e-6 and n > 1:
+            # More busy threads than CPUs: a parallel region waits for its slowest thread, which shares
+            # a CPU with a worker; no gain is expected (the fix must cap the intra-op threads).
+            over = True
+            terms["oversubscribed"] = 1.0
+        binding = max(terms, key=lambda t: terms[t])
+        return terms[binding], binding, terms, over
+
+    def after(self, ch: Change, cal: Calibration | None = None) -> Step:
+        cal = cal or CAL
+        mid, binding, terms, over = self._at(ch, "mid", cal)
+        lo = self._at(ch, "lo", cal)[0]
+        hi = self._at(ch, "hi", cal)[0]
+        lo, hi = min(lo, mid), max(hi, mid)
+        return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over)
+
+    # -- words ------------------------------------------------------------------------------------
+
+    def split(self) -> dict[str, float]:
+        """Today's step in shares: what the probes measured."""
+        parts = {"loading in the loop": self.f_load, "waiting for workers": self.f_wait,
+                 "host-device syncs": self.s_sync, "GPU idle while the loop issues kernels": self.x_launch,
+                 "GPU idle while the loop copies batches": self.x_h2d}
+        rest = max(0.0, 1.0 - sum(parts.values()))
+        parts["the loop's other work (compute, Python)"] = rest
+        return {k: round(v, 3) for k, v in parts.items() if v >= 0.01}
+
+    def split_words(self) -> str:
+        sp = self.split()
+        return "today's step: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sp.items())
+
+    def derivation(self, what: str, step: Step) -> str:
+        """'the loop loads batches itself 61% of the step; with ... the step is set by compute (0.69 of
+        today's): 1.44x' in words; symbols go into details."""
+        lo, hi = step.interval
+        if step.oversubscribed:
+            return (f"{self.split_words()}; {what} puts more busy threads than the {self.p_allowed:g} CPUs: the "
+                    "parallel regions wait for a thread that shares its CPU with a worker, so no gain is expected")
+        return (f"{self.split_words()}; {what}: the step is set by {BINDING_WORDS.get(step.binding, step.binding)} "
+                f"({step.mid:.2f} of today's): {step.speedup:.2f}x ({lo:.2f}-{hi:.2f}x over the fitted constants' "
+                "ranges and py-spy's sampling error); an estimate")
+
+    def details(self, step: Step | None = None) -> dict[str, Any]:
+        d = {"f_wait": round(self.f_wait, 4), "f_load": round(self.f_load, 4), "C": round(self.c, 4),
+             "s_sync": round(self.s_sync, 4), "x_launch": round(self.x_launch, 4), "x_h2d": round(self.x_h2d, 4),
+             "gpu_busy": None if self.gpu_busy is None else round(self.gpu_busy, 4), "D": round(self.d, 4),
+             "U": round(self.u, 4), "P": round(self.p, 3), "P_allowed": self.p_allowed,
+             "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
+             "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
+             "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
+        if step is not None:
+            d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
+                          "binding": step.binding, "terms": step.terms}
+        return d
+
+
+CHURN_CAP = 0.5               # persistent workers at most halve the loop's own time
+CAL_MID_K = 1.5               # D measured in the loop carries this middle k (scaled to the range)
+
+
+# -- reading the evidence ----------------------------------------------------------------------------
+
+def _spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
+    """Cores the DataLoader workers kept busy, from py-spy's samples of them (0 when unknown)."""
+    if not window_s:
+        return 0.0
+    busy = sum(float(w.get("seconds") or 0.0) * (1.0 - float((w.get("breakdown") or {}).get("idle", 0.0)))
+               for w in workers.get("per_worker") or [])
+    return busy / window_s
+
+
+def _loop_thread_cores(me: dict[str, Any]) -> tuple[float, int]:
+    """(cores, busy threads) of the training process's own compute: every thread but the pin-memory
+    thread, which runs whatever the loop does."""
+    cores, busy = 0.0, 0
+    for t in me.get("threads") or []:
+        name = (t.get("name") or "")
+        if any(p in name for p in PIN_THREAD):
+            continue
+        cpu = float(t.get("cpu_fraction") or 0.0)
+        cores += cpu
+        busy += cpu >= BUSY and not name.startswith(DEVICE_THREAD)
+    return cores, max(busy, 1)
+
+
+def _ranks(ev: Evidence) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    ranks = trainers(ev.get("pyspy") or {})
+    if not ranks:
+        return None
+    return ranks, max(ranks, key=lambda r: data_share(r["training_thread"]))
+
+
+def from_evidence(ev: Evidence, pid: int | None = None) -> StepModel | None:
+    """The step model of the training loop that waits longest on data (the straggler rank, or the one
+    process), or of the rank `pid`; None without py-spy's training thread. Computed once per Evidence."""
+    cache = ev.__dict__.setdefault("_step_models", {})
+    if pid in cache:
+        return cache[pid]
+    m = _build(ev, pid)
+    cache[pid] = m
+    return m
+
+
+def _build(ev: Evidence, pid: int | None) -> StepModel | None:
+    got = _ranks(ev)
+    if got is None:
+        return None
+    ranks, worst = got
+    if pid is not None:
+        worst = next((r for r in ranks if r["pid"] == pid), worst)
+    tt = worst["training_thread"]
+    bd = tt.get("breakdown") or {}
+    spy = ev.get("pyspy") or {}
+    workers = worst.get("workers") or {}
+    m = StepModel(f_wait=float(bd.get("data_wait", 0.0)), f_load=float(bd.get("data_load", 0.0)),
+                  w_now=int(workers.get("count") or 0), pid=worst.get("pid"), ranks=len(ranks),
+                  n_samples=max(1.0, float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0)))
+    _gpu_terms(ev, m)
+    _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
+    m.churn_s = _churn_share(tt, m.f)
+    if tt.get("worker_startup_seconds", 0) > 0:
+        m.recreated = True
+    return m
+
+
+def _gpu_terms(ev: Evidence, m: StepModel) -> None:
+    if not ev.has("gpu"):
+        return
+    att = gpu_idle.for_evidence(ev)
+    if not att.ok:
+        return
+    m.s_sync = att.host_share("host_sync")
+    m.x_launch = att.idle_share("launch")
+    m.x_h2d = att.idle_share("h2d_copy")
+    m.gpu_busy = att.busy_fraction
+
+
+def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[str, Any], tt_s: float) -> None:
+    proc = ev.get("process")
+    n = m.ranks
+    me = None
+    if proc:
+        me = next((x for x in proc["processes"] if x["pid"] == m.pid), None) if m.pid else None
+        if me is None and n == 1:
+            me = next((x for x in proc["processes"] if x["role"] == "main"), None)
+    if not proc or me is None:
+        p = float(ev.context.get("cpus_available") or 0.0) / max(n, 1)
+        m.p = m.p_allowed = p or float(64 * max(m.w_now, 1))
+        m.known_p = bool(p)
+        m.d = m.f * (CAL_MID_K if not m.w_now else 1.0)
+        m.d_inloop = not m.w_now
+        m.u = 1.0 + m.w_now
+        m.uses_cuda = bool(ev.context.get("uses_cuda"))
+        return
+    m.known_p = True
+    m.uses_cuda = bool(proc.get("uses_cuda"))
+    m.p_allowed = float(proc["cpus_available"]) / max(n, 1)
+    quota = proc.get("cpu_quota_cores")
+    m.p_source = (f"affinity {proc.get('cpus_allowed')} CPUs" + (f", cgroup quota {quota:g}" if quota else
+                                                                  ", no cgroup quota")
+                  + (f", 1/{n} for each of {n} ranks" if n > 1 else ""))
+    th = next((t for t in me.get("threads", []) if t["tid"] == me["pid"]), None)
+    win = float(proc.get("window_s") or 0.0)
+    if th and win and th.get("run_delay_seconds") is not None:
+        m.r_loop = float(th["run_delay_seconds"]) / win
+    m.p = max(1.0, m.p_allowed * (1.0 - min(m.r_loop, 0.9))) if m.r_loop >= CROWDED_RUNQ else m.p_allowed
+    w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
+              and x.get("cpu_cores") is not None]
+    alive_end = len([x for x in w_proc if x["alive_at_end"]])
+    alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
+    if w_proc:
+        m.w_now = max(alive_end, alive_start)
+    worker_cores = max(sum(x["cpu_cores"] for x in w_proc), _spy_worker_cores(workers, tt_s))
+    main_cores = float(me.get("cpu_cores") or 0.0)
+    m.u = main_cores + worker_cores if n > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
+    m.d_inloop = not m.w_now
+    m.d = worker_cores + m.f_load if m.w_now else m.f_load * CAL_MID_K
+    if m.d <= 0:
+        m.d = m.f
+    # Cores the loop uses while it computes: its threads' CPU (not the pin-memory thread's) less the
+    # loading it does itself, over the time it computes; never more than its busy threads or the CPUs.
+    team_cores, busy = _loop_thread_cores(me)
+    m.threads_busy = busy
+    m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
+    churn = proc.get("worker_churn", {}) or {}
+    m.recreated = bool(churn.get("appeared") or churn.get("vanished"))
+
+
+def _churn_share(tt: dict[str, Any], f: float) -> float:
+    """The loop's share starting (`_MultiProcessingDataLoaderIter.__init__`) and joining
+    (`_shutdown_workers`) workers, from py-spy's data-wait stacks."""
+    top = (tt.get("top_stacks") or {}).get("data_wait") or []
+    s_start = min(float(tt.get("worker_startup_seconds") or 0.0) / max(float(tt.get("seconds") or 0.0), 1e-6), f)
+    s_stop = min(sum(x["fraction"] for x in top if any("_shutdown_workers" in fr for fr in x["stack"])),
+                 max(f - s_start, 0.0))
+    return s_start + s_stop
+
+
+def with_calibration(cal: Calibration, **kw: tuple[float, float, float]) -> Calibration:
+    return replace(cal, **kw)
