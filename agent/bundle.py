@@ -68,6 +68,10 @@ def is_bundle(path: str) -> bool:
 
 def check_target(path: str) -> None:
     """Before a run: can a bundle be written at `path`? Raises BundleError with the reason."""
+    from trainprobe.reports import output
+    why = output.check_path(path, directory=not is_archive(path))
+    if why:
+        raise BundleError(why.replace("cannot write", "cannot save the bundle to", 1))
     parent = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(parent):
         raise BundleError(f"cannot save the bundle to {path}: {parent} is not a directory")

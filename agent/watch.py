@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from trainprobe.probes.parsers import envvars
 from trainprobe.probes.support.watchsample import Discovery, GpuSampler, ThreadSample, Tree, rates, sample_trainer
 
 TRIGGER = re.compile(r"^(gpu-busy|loop-wait|loop-cpu)([<>])([0-9.]+)$")
@@ -55,20 +56,38 @@ class JobState:
 
 def rotate(bundle_dir: str, keep: int, max_bytes: int) -> list[str]:
     """Delete the oldest bundles beyond `keep` files or `max_bytes` in all. Returns what it removed."""
+    # lstat: a link or a vanished file planted among the bundles is counted as itself (or skipped),
+    # never followed.
+    found = []
     try:
-        files = [os.path.join(bundle_dir, f) for f in os.listdir(bundle_dir)
-                 if f.startswith("trainprobe-") and f.endswith(".tar.gz")]
+        names = [f for f in os.listdir(bundle_dir) if f.startswith("trainprobe-") and f.endswith(".tar.gz")]
     except OSError:
         return []
-    files.sort(key=lambda p: os.path.getmtime(p))
+    for f in names:
+        try:
+            st = os.lstat(os.path.join(bundle_dir, f))
+        except OSError:
+            continue
+        found.append((st.st_mtime, st.st_size, os.path.join(bundle_dir, f)))
+    found.sort()
     removed = []
-    total = sum(os.path.getsize(p) for p in files)
-    while files and (len(files) > keep or total > max_bytes):
-        p = files.pop(0)
-        total -= os.path.getsize(p)
-        os.unlink(p)
+    total = sum(size for _t, size, _p in found)
+    while found and (len(found) > keep or total > max_bytes):
+        _t, size, p = found.pop(0)
+        total -= size
+        try:
+            os.unlink(p)
+        except OSError:
+            continue
         removed.append(p)
     return removed
+
+
+def bundle_name(stamp: str, job: str, pid: int) -> str:
+    """A bundle's file name. The job id comes from the target's environment: only a safe token of it
+    (no "/", no "..", bounded) goes into the name."""
+    job_part = f"-job{envvars.token(job, max_len=32)}" if job else ""
+    return f"trainprobe-{stamp}{job_part}-pid{int(pid)}.tar.gz"
 
 
 class Watcher:
@@ -150,6 +169,7 @@ class Watcher:
     def _diagnose(self, st: JobState) -> None:
         from trainprobe.agent import bundle, diagnosis
         from trainprobe.agent.target import UserError
+        from trainprobe.reports import output
         pid = st.tree.root
         metric, op, x = self.trigger
         self.progress(f"PID {pid}: {metric}{op}{x:g} held for {self.hold_s:g} s: running a {self.diagnose_s:g} s diagnosis")
@@ -158,10 +178,9 @@ class Watcher:
             f = d.report["findings"][0] if d.report["findings"] else None
             path = None
             if self.bundle_dir:
-                os.makedirs(self.bundle_dir, exist_ok=True)
+                output.make_dir(self.bundle_dir, parents=True)
                 stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-                job = f"-job{st.tree.job}" if st.tree.job else ""
-                path = os.path.join(self.bundle_dir, f"trainprobe-{stamp}{job}-pid{pid}.tar.gz")
+                path = os.path.join(self.bundle_dir, bundle_name(stamp, st.tree.job, pid))
                 bundle.save(path, d.captures, d.context, d.report)
                 for old in rotate(self.bundle_dir, self.keep, self.max_bytes):
                     self.progress(f"rotated out {old}")
@@ -201,7 +220,8 @@ def snapshot(w: Watcher) -> dict[str, Any]:
         jobs = []
         for st in w.jobs.values():
             jobs.append({
-                "root": st.tree.root, "job": st.tree.job, "cmdline": st.tree.cmdline[:200],
+                "root": st.tree.root, "job": envvars.token(st.tree.job, max_len=32, fallback="") if st.tree.job else "",
+                "cmdline": st.tree.cmdline[:200],
                 "trainers": [{"pid": p, **st.now.get(p, {})} for p in st.tree.trainers],
                 "gpus": dict(st.gpu),
                 "condition": w.condition(st),

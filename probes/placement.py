@@ -26,7 +26,7 @@ import re
 import time
 from typing import Any
 
-from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers import envvars, procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.schema import PlacementEvidence
 from trainprobe.probes.errors import TargetGone, parser
@@ -323,7 +323,7 @@ def parse_placement(d: dict[str, Any]) -> dict[str, Any]:
             "role": _role(pid, d, parents), "comm": st[5] if st else None,
             "argv": rec["argv"],
             "local_rank": _int(rec["env"].get("LOCAL_RANK")),
-            "cuda_visible_devices": rec["env"].get("CUDA_VISIBLE_DEVICES"),
+            "cuda_visible_devices": envvars.cuda_visible_devices(rec["env"].get("CUDA_VISIBLE_DEVICES")),
             "cpus_allowed": procfs.format_cpulist(allowed) or None,
             "mems_allowed": procfs.format_cpulist(mems) or None,
             "nodes_allowed": sorted({cpu_node[c] for c in allowed if c in cpu_node}),
@@ -378,10 +378,7 @@ def parse_placement(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+    return envvars.rank(v)
 
 
 class PlacementProbe(Probe):

@@ -7,13 +7,16 @@ written in every view, and the one way a file is written.
   `--format`, `--prometheus FILE`, `--textfile PATH`) means the same renderer everywhere.
 - Values: `fmt_value` writes a number, a flag or a missing value the same way in the terminal,
   HTML, job and preflight views (yes/no, "-" for none, the same digits).
-- Files: a temporary file is created with mkstemp (O_EXCL, an unpredictable name) in the
-  destination's own directory, written, flushed, given its final mode, then renamed over the
-  destination: a reader never sees half a file, and a link planted at the destination is
-  replaced, not followed. `private=True` (reports, bundles, flame graphs, raw captures: they hold
-  the target's stacks and command line) gives mode 0600; `private=False` (metrics files other tools
-  read) gives 0644. Run as root under sudo, the file (and a directory this module creates) is
-  chowned to SUDO_UID/SUDO_GID, so the operator's own directory holds no root-owned output.
+- Files: a path is resolved without following links that another user owns; a new file is created
+  beside the destination (O_CREAT|O_EXCL|O_NOFOLLOW, an unpredictable name), written, fsynced, given
+  its final mode, then renamed over the destination: a reader never sees half a file, and a link
+  or file planted at the destination is replaced, not written through. Only this run's own
+  descriptors (/dev/stdout), /dev/null, its terminal and its own FIFOs are written into, and never
+  with a blocking open; another user's FIFO and any other device are refused (see "files" below).
+  `private=True` (reports, bundles, flame graphs, raw captures: they hold the target's stacks and
+  command line) gives mode 0600; `private=False` (metrics files other tools read) gives 0644. Run
+  as root under sudo, the file (and a directory this module creates) is chowned to
+  SUDO_UID/SUDO_GID, so the operator's own directory holds no root-owned output.
 - The terminal: strings from the target are shown with their control characters escaped.
 """
 from __future__ import annotations
@@ -23,8 +26,11 @@ import io
 import json
 import os
 import re
+import secrets
+import select
 import stat
-import tempfile
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TextIO, TypedDict
 
@@ -53,79 +59,324 @@ def give_back(path_or_fd: str | int) -> None:
         os.chown(path_or_fd, *owner, follow_symlinks=False)
 
 
-def _stream_target(path: str) -> bool:
-    """Whether `path` names a stream to write into rather than a file to replace: /dev/null, a
-    terminal, a pipe (`-o /dev/stdout` in a pipeline). Renaming over those would put a regular file
-    where the device was (as root, /dev/null itself). Any other existing non-regular file (a block
-    device, a socket) is refused."""
+# -- files -----------------------------------------------------------------------------------------
+# trainprobe runs as root beside the job's user, who may create anything in /tmp or in a directory
+# they own: a FIFO where the report is to go (to read it, or to hang the agent in open()), a link to
+# a root file, a link to a directory of root's. So a path is resolved here one component at a time
+# (a link is followed only when root, this user or the user behind sudo owns it), the destination is
+# looked at without following it (lstat), and then:
+# - /dev/stdout, /dev/stderr, /dev/fd/N are the agent's own descriptors, written as they are;
+# - /dev/null, the controlling terminal, and a terminal or FIFO that this user owns are streams:
+#   opened O_WRONLY|O_NOFOLLOW|O_NONBLOCK (a FIFO nobody reads fails at once instead of blocking),
+#   checked again with fstat, written with a bound on how long a reader may take nothing;
+# - anything else is a file: a new one is created beside it (O_CREAT|O_EXCL|O_NOFOLLOW, a random
+#   name), written, fsynced and renamed over the destination, which replaces a planted link or file
+#   instead of writing through it. Another user's FIFO, other devices and sockets are refused.
+STREAM_STALL_S = 30.0             # a reader that takes nothing for this long: the write fails
+FIFO_READER_WAIT_S = 2.0          # this user's FIFO whose reader is still starting (`cat p & ... -o p`)
+_MAX_LINKS = 40
+_OWN_FD_PATH = re.compile(r"/(?:dev/fd|proc/self/fd)/([0-9]{1,6})")
+_STD_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
+_TTY_MAJORS = frozenset({4} | set(range(136, 144)))       # virtual consoles and serial lines, pseudo-terminals
+_DEV_NULL, _DEV_TTY = (1, 3), (5, 0)
+
+
+def _own_uids() -> frozenset[int]:
+    """The users whose files are this run's own: the effective user and the user behind sudo."""
+    owner = _sudo_owner()
+    return frozenset({os.geteuid()} | ({owner[0]} if owner else set()))
+
+
+def _refused(code: int, why: str, path: str) -> OSError:
+    return OSError(code, why, path)
+
+
+def _own_descriptor(path: str) -> int | None:
+    """The agent's own open descriptor that `path` names (/dev/stdout, /dev/fd/3), or None."""
+    p = os.path.normpath(path)
+    fd = _STD_PATHS.get(p)
+    m = _OWN_FD_PATH.fullmatch(p)
+    if m:
+        fd = int(m.group(1))
+    if fd is None:
+        return None
     try:
-        st = os.stat(path)                      # follows links: /dev/stdout -> /proc/self/fd/1 -> pipe
+        os.fstat(fd)
     except OSError:
-        return False
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return False
-    if stat.S_ISFIFO(st.st_mode):
-        return True
-    real = os.path.realpath(path)
-    if stat.S_ISCHR(st.st_mode) and (real in ("/dev/null", "/dev/tty") or real.startswith("/dev/pts/")):
-        return True
-    raise OSError(errno.EINVAL, "not a regular file, a terminal, a pipe or /dev/null", path)
+        raise _refused(errno.EBADF, f"descriptor {fd} is not open", path) from None
+    return fd
 
 
-def write(path: str, data: str | bytes, private: bool = True) -> str:
-    """Write `data` to `path` atomically with the mode and owner described above. Raises OSError."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    if _stream_target(path):
-        with open(path, "wb") as fh:
-            fh.write(data)
-        return path
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)[:40]}.", suffix=".tmp", dir=d)
+def _open_dir(dirpath: str) -> int:
+    """An O_PATH descriptor of the directory `dirpath`, reached one component at a time: a link is
+    followed only when root or one of this run's users owns it, whatever fs.protected_symlinks says."""
+    trusted = _own_uids() | {0}
+    todo = [c for c in dirpath.split("/") if c]
+    cur = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    seen, links = "", 0
     try:
-        os.fchmod(fd, PRIVATE_MODE if private else PUBLIC_MODE)
-        give_back(fd)
-        view = memoryview(data)
-        while view:
+        while todo:
+            comp = todo.pop(0)
+            if comp == ".":
+                continue
+            shown = f"{seen}/{comp}"
+            try:
+                st = os.stat(comp, dir_fd=cur, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                raise _refused(errno.ENOTDIR, f"{dirpath} is not a directory", dirpath) from None
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    raise _refused(errno.ELOOP, f"{dirpath}: too many links", dirpath)
+                if st.st_uid not in trusted:
+                    raise _refused(errno.EPERM, f"{shown} is a link owned by uid {st.st_uid}: links of other "
+                                                "users are not followed", dirpath)
+                target = os.readlink(comp, dir_fd=cur)
+                if target.startswith("/"):
+                    os.close(cur)
+                    cur = -1
+                    cur = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                todo = [c for c in target.split("/") if c] + todo
+                seen = shown
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise _refused(errno.ENOTDIR, f"{dirpath} is not a directory", dirpath)
+            nxt = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
+            os.close(cur)
+            cur, seen = nxt, shown
+        return cur
+    except BaseException:
+        if cur >= 0:
+            os.close(cur)
+        raise
+
+
+@dataclass
+class _Dest:
+    """Where an output goes: the directory (an O_PATH descriptor) and the name in it, and what is
+    there now (lstat; None when nothing is); or one of the agent's own descriptors."""
+    dir_fd: int
+    name: str
+    st: os.stat_result | None
+    own_fd: int = -1
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+def _locate(path: str) -> _Dest:
+    fd = _own_descriptor(path)
+    if fd is not None:
+        return _Dest(-1, path, None, fd)
+    parent, name = os.path.split(os.path.abspath(path))
+    if not name:
+        raise _refused(errno.EISDIR, "it is a directory", path)
+    dfd = _open_dir(parent)
+    try:
+        st: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except BaseException:
+        os.close(dfd)
+        raise
+    return _Dest(dfd, name, st)
+
+
+def _kind(dest: _Dest, path: str) -> str:
+    """"own" (an own descriptor), "stream" (written into) or "file" (replaced); raises when refused."""
+    st = dest.st
+    if dest.own_fd >= 0:
+        return "own"
+    if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        raise _refused(errno.EISDIR, "it is a directory", path)
+    if stat.S_ISFIFO(st.st_mode):
+        if st.st_uid not in _own_uids():
+            raise _refused(errno.EPERM, f"it is a FIFO owned by uid {st.st_uid}, another user: the output is not "
+                                        "sent to it (remove it or choose another path)", path)
+        return "stream"
+    if stat.S_ISCHR(st.st_mode):
+        dev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        if dev in (_DEV_NULL, _DEV_TTY) or (dev[0] in _TTY_MAJORS and st.st_uid in _own_uids()):
+            return "stream"
+        raise _refused(errno.EPERM, "it is a device other than /dev/null or this user's terminal", path)
+    raise _refused(errno.EINVAL, "not a regular file, a terminal, a pipe or /dev/null", path)
+
+
+def _open_stream(dest: _Dest, path: str) -> int:
+    """Open what _kind called a stream without ever blocking, and check it is still that."""
+    assert dest.st is not None
+    fifo = stat.S_ISFIFO(dest.st.st_mode)
+    deadline = time.monotonic() + FIFO_READER_WAIT_S
+    while True:
+        try:
+            fd = os.open(dest.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                         dir_fd=dest.dir_fd)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or not fifo:
+                raise
+            if time.monotonic() >= deadline:
+                raise _refused(errno.ENXIO, "it is a FIFO that no process reads", path) from None
+            time.sleep(0.02)
+    st = os.fstat(fd)
+    same = (st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), st.st_uid) == \
+        (dest.st.st_dev, dest.st.st_ino, stat.S_IFMT(dest.st.st_mode), dest.st.st_uid)
+    if not same or (stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _TTY_MAJORS and not os.isatty(fd)):
+        os.close(fd)
+        raise _refused(errno.EAGAIN, "it changed while it was being opened", path)
+    return fd
+
+
+def _write_all(fd: int, data: bytes, path: str, stall_s: float | None) -> None:
+    view = memoryview(data)
+    poller = None
+    while view:
+        try:
             n = os.write(fd, view)
+        except BlockingIOError:
+            n = 0
+        if n:
             view = view[n:]
+            continue
+        if poller is None:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+        if not poller.poll(int((stall_s or STREAM_STALL_S) * 1000)):
+            raise _refused(errno.ETIMEDOUT, f"its reader took nothing for {stall_s or STREAM_STALL_S:g} s", path)
+
+
+def _replace_file(dest: _Dest, path: str, data: bytes, mode: int) -> None:
+    fd, tmp = -1, ""
+    for _ in range(100):
+        tmp = f".{dest.name[:40]}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_MODE,
+                         dir_fd=dest.dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise _refused(errno.EEXIST, "no free temporary name beside it", path)
+    try:
+        os.fchmod(fd, mode)
+        give_back(fd)
+        _write_all(fd, data, path, None)
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, dest.name, src_dir_fd=dest.dir_fd, dst_dir_fd=dest.dir_fd)
+        except PermissionError:
+            st = dest.st
+            if st is not None and st.st_uid not in _own_uids():
+                raise _refused(errno.EPERM, f"it belongs to uid {st.st_uid} in a sticky directory, where only its "
+                                            "owner may replace it: remove it or choose another path", path) from None
+            raise
+        try:
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dest.dir_fd)
+        except OSError:
+            return                                      # a directory this user may not read: not synced
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
     except BaseException:
         if fd >= 0:
             os.close(fd)
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dest.dir_fd)
         except OSError:
             pass
         raise
-    return path
 
 
-def make_dir(path: str, private: bool = True) -> str:
-    """Create a directory (and no parents) for outputs; an existing one is kept as it is."""
+def write(path: str, data: str | bytes, private: bool = True) -> str:
+    """Write `data` to `path` as described above: atomically as a file with the mode and owner of its
+    kind, or into this run's own stream. Raises OSError, whose strerror is one line for the user."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    dest = _locate(path)
     try:
-        os.mkdir(path, PRIVATE_DIR_MODE if private else 0o755)
-    except FileExistsError:
-        if not os.path.isdir(path) or os.path.islink(path):
-            raise NotADirectoryError(20, "not a directory", path) from None
-        return path
-    os.chmod(path, PRIVATE_DIR_MODE if private else 0o755)
-    give_back(path)
+        kind = _kind(dest, path)
+        if kind == "own":
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            _write_all(dest.own_fd, data, path, None)
+        elif kind == "stream":
+            fd = _open_stream(dest, path)
+            try:
+                _write_all(fd, data, path, STREAM_STALL_S)
+            finally:
+                os.close(fd)
+        else:
+            _replace_file(dest, path, data, PRIVATE_MODE if private else PUBLIC_MODE)
+    finally:
+        dest.close()
     return path
 
 
-def check_path(path: str) -> str | None:
-    """Before a run: the reason a file cannot be written at `path`, or None."""
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        return f"cannot write {path}: it is a directory"
-    if not os.path.isdir(parent):
-        return f"cannot write {path}: {parent} is not a directory"
-    if not os.access(parent, os.W_OK):
-        return f"cannot write {path}: {parent} is not writable"
+def make_dir(path: str, private: bool = True, parents: bool = False) -> str:
+    """Create a directory for outputs (and, with `parents`, the missing ones above it). An existing
+    one is kept as it is when this run's user owns it; a link, a file or another user's directory
+    (whose owner could swap what is written into it) is refused."""
+    mode = PRIVATE_DIR_MODE if private else 0o755
+    parent, name = os.path.split(os.path.abspath(path))
+    if not name:
+        return path
+    if parents and not os.path.lexists(parent):
+        make_dir(parent, private, parents=True)
+    dfd = _open_dir(parent)
+    try:
+        try:
+            os.mkdir(name, mode, dir_fd=dfd)
+        except FileExistsError:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", path) from None
+            if st.st_uid not in _own_uids():
+                raise _refused(errno.EPERM, f"it is a directory of uid {st.st_uid}, another user", path) from None
+            return path
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.fchmod(fd, mode)
+            give_back(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+    return path
+
+
+def check_path(path: str, directory: bool = False) -> str | None:
+    """Before a run: the reason an output cannot be written at `path` (a file, or with `directory`
+    a directory of outputs), or None. Nothing is opened or created."""
+    try:
+        dest = _locate(path)
+    except OSError as exc:
+        return f"cannot write {path}: {exc.strerror or exc}"
+    try:
+        st = dest.st
+        if directory:
+            if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid not in _own_uids():
+                return f"cannot write {path}: it is a directory of uid {st.st_uid}, another user"
+            kind = "file"
+        else:
+            kind = _kind(dest, path)
+        if kind == "file" and not os.access(os.path.dirname(os.path.abspath(path)) or ".", os.W_OK):
+            return f"cannot write {path}: {os.path.dirname(os.path.abspath(path))} is not writable"
+    except OSError as exc:
+        return f"cannot write {path}: {exc.strerror or exc}"
+    finally:
+        dest.close()
     return None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainprobe.agent.evidence import Evidence
-from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers import envvars, procfs
 from trainprobe.probes.parsers.hw import canonical_bdf
 
 
@@ -114,9 +114,7 @@ def gpu_table(ev: Evidence) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def visible_devices(cvd: str | None) -> list[str] | None:
-    if cvd is None:
-        return None
-    return [x.strip() for x in cvd.split(",") if x.strip()]
+    return envvars.visible_devices(cvd)
 
 
 def by_visible_entry(entry: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -48,6 +48,9 @@ def command(app: App, listen: str, textfile: str | None, interval: float, trigge
         watch.parse_trigger(trigger)
     except ValueError as exc:
         raise app.fail(str(exc), EXIT_BAD_INPUT) from None
+    why = output.check_path(textfile) if textfile else None
+    if why:
+        raise app.fail(why, EXIT_BAD_INPUT)
     w = watch.Watcher(interval_s=interval, trigger=trigger, hold_s=hold_s, diagnose_s=diagnose_seconds,
                       cooldown_s=cooldown, bundle_dir=bundle_dir, keep=keep, max_disk_mb=max_disk_mb,
                       only=set(pids) or None, root=app.root, progress=app.progress, diagnose=not no_diagnose)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import psutil
 
-from trainprobe.probes.parsers import redact
+from trainprobe.probes.parsers import envvars, redact
 from trainprobe.probes.errors import ProbeError, parser, translate_oserror, translate_psutil_error
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -177,7 +177,7 @@ def parse_environ_whitelist(raw: bytes, names: tuple[str, ...] = ENV_WHITELIST) 
     for item in raw.split(b"\0"):
         k, sep, v = item.partition(b"=")
         if sep and k in keep:
-            out[k.decode()] = v.decode(errors="replace")
+            out[k.decode()] = envvars.normalize(k.decode(), v.decode(errors="replace"))   # bounded, validated
     return out
 
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers import envvars, procfs
 
 JOB_KEYS = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID",
             "RANK", "LOCAL_RANK")
@@ -44,10 +44,7 @@ class JobTarget:
 
 
 def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+    return envvars.rank(v)
 
 
 def job_processes(job_id: str, node: str | None, root: str = "/", exclude: set[int] | None = None) -> list[JobProcess]:

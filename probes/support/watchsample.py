@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainprobe.probes.parsers import procfs
+from trainprobe.probes.parsers import envvars, procfs
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "SLURM_JOB_ID")
 
@@ -94,7 +94,7 @@ class Discovery:
                 cmd = procfs.parse_cmdline(procfs.read_bytes(self.root, f"proc/{r}/cmdline"))
             except Exception:  # noqa: BLE001 - gone meanwhile
                 continue
-            tree = Tree(r, cmd, env.get("SLURM_JOB_ID", ""))
+            tree = Tree(r, cmd, envvars.slurm_job_id(env.get("SLURM_JOB_ID")) or "")
             ranks: list[int] = []
             frontier = [(r, env)]
             while frontier:
