@@ -48,6 +48,8 @@ def report_from(captures: list[Capture], context: dict[str, Any], overhead: dict
     ev = evidence_from(captures, context)
     findings, runs = report_mod.diagnose(ev)
     rep = report_mod.build(ev, "diagnose", context["window"], overhead, findings, runs, notes)
+    from trainprobe.agent.combiners.window_trust import window_trust
+    rep["window"] = {**rep["window"], "trust": window_trust(ev)}
     return rep, ev
 
 

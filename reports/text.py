@@ -114,6 +114,10 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
         lines.append(st.dim(gpu_line))
     for n in report.get("notes", []):
         lines.append(st.yellow("note: ") + n)
+    for n in ((win.get("trust") or {}).get("reasons") or []):
+        lines.append(st.yellow("window: ") + n + "; the verdict may not hold for the job's steady state")
+    if report.get("windows"):
+        lines.append(st.bold("windows: ") + report["windows"]["verdict"])
     if report.get("headline"):
         lines.append(st.bold(report["headline"]))
     lines.append("")

@@ -10,6 +10,35 @@ from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserEr
 MAX_WINDOW_S = 600.0
 
 
+def windows_summary(reports: list[dict]) -> dict:
+    """How the verdicts of consecutive windows agree: each window's top finding and trust, and one line."""
+    rows = []
+    for r in reports:
+        top = (r.get("findings") or [None])[0]
+        trust = (r.get("window") or {}).get("trust") or {}
+        rows.append({"start_unix": (r.get("window") or {}).get("start_unix"),
+                     "seconds": (r.get("window") or {}).get("seconds"),
+                     "top": top["id"] if top else None,
+                     "expected_speedup": top.get("expected_speedup") if top else None,
+                     "interval": top.get("expected_speedup_interval") if top else None,
+                     "trusted": bool(trust.get("trusted", True)), "reasons": list(trust.get("reasons") or [])})
+    tops = [w["top"] for w in rows]
+    lead = max(set(tops), key=tops.count) if tops else None
+    same = tops.count(lead)
+    gains = [w["expected_speedup"] for w in rows if w["top"] == lead and w["expected_speedup"]]
+    span = f" ({min(gains):.2f}-{max(gains):.2f}x)" if gains else ""
+    name = lead or "no finding"
+    untrusted = sum(1 for w in rows if not w["trusted"])
+    if same == len(rows):
+        verdict = f"all {len(rows)} windows agree: {name}{span}"
+    else:
+        others = ", ".join(f"{t or 'no finding'} x{tops.count(t)}" for t in sorted(set(tops) - {lead}, key=str))
+        verdict = f"{same} of {len(rows)} windows give {name}{span}; the others: {others}"
+    if untrusted:
+        verdict += f"; {untrusted} window(s) not steady (see window: notes)"
+    return {"n": len(rows), "agree": same == len(rows), "top": lead, "per_window": rows, "verdict": verdict}
+
+
 def _names(value: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (value or "").split(",") if x.strip())
 
@@ -24,6 +53,9 @@ def _names(value: str | None) -> tuple[str, ...]:
               help="py-spy sampling rate (Hz) for the target and every child, under one sampler. Default: planned "
                    "to keep the whole agent under 1% of the job's CPUs (at most 25 Hz for the training process, "
                    "its DataLoader workers a few at a time at a lower rate; see docs/cost.md).")
+@click.option("--windows", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Watch this many consecutive windows of --duration each and report how their verdicts "
+                   "agree (the full report is the last window's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
@@ -46,7 +78,8 @@ def _names(value: str | None) -> tuple[str, ...]:
 @click.option("--node-timeout", type=float, default=None, hidden=True)
 @redact_option
 @click.pass_obj
-def command(app: App, pid: int | None, duration: float, rate: int | None, as_json: bool, only: str | None,
+def command(app: App, pid: int | None, duration: float, rate: int | None, windows: int, as_json: bool,
+            only: str | None,
             skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None,
             slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
             with_captures: bool = False, node_timeout: float | None = None) -> None:
@@ -61,6 +94,9 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
     if unknown:
         raise click.BadParameter(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                                  param_hint="--probes/--skip")
+    if windows > 1 and (slurm_local or slurm_job):
+        raise click.BadParameter("--windows applies to one process; a Slurm job is diagnosed in one window",
+                                 param_hint="--windows")
     if slurm_local or slurm_job:
         from trainprobe.agent.commands import slurm_job as sj
         if slurm_local:
@@ -71,11 +107,26 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, as_jso
             raise app.fail(f"no node of job {slurm_job} gave a report", code)
         return
     check_outputs(app, save_path, html_path)
-    try:
-        d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
-                          native=native, root=app.root, progress=app.progress, deep=deep)
-    except UserError as exc:
-        raise app.fail(str(exc), exc.exit_code) from None
+    seen: list[dict] = []
+    for i in range(windows):
+        if windows > 1:
+            app.progress(f"window {i + 1} of {windows}")
+        try:
+            d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
+                              native=native, root=app.root, progress=app.progress, deep=deep)
+        except UserError as exc:
+            if not seen:
+                raise app.fail(str(exc), exc.exit_code) from None
+            app.progress(f"window {i + 1} could not run ({exc}); reporting the {len(seen)} before it")
+            d = last
+            break
+        pid = d.report["target"].get("requested_pid") or d.report["target"].get("pid") or pid
+        seen.append(d.report)
+        last = d
+        if d.exit_code:
+            break
+    if windows > 1:
+        d.report["windows"] = windows_summary(seen)
     write_outputs(app, d.report, d.evidence, d.captures, d.context, save_path, html_path)
     output.emit("report", "json" if as_json else "text", d.report, app.out)
     if d.exit_code == EXIT_INTERRUPTED:
