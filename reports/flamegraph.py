@@ -15,12 +15,13 @@ total since `before`: red where it grew, blue where it shrank, the deeper the la
 """
 from __future__ import annotations
 
-import html
 import re
 import sys
 import zlib
 from dataclasses import dataclass, field
 from typing import Mapping
+
+from trainprobe.reports import xmlsafe
 
 WIDTH = 1200
 PAD = 10
@@ -211,7 +212,7 @@ def diff_colour(delta: float, max_abs: float) -> str:
 
 
 def _esc(s: str) -> str:
-    return html.escape(s, quote=True)
+    return xmlsafe.escape(s)
 
 
 # -- SVG ---------------------------------------------------------------------------------------

@@ -10,12 +10,11 @@ plain data, the same on a live run and on a saved bundle.
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import math
 from typing import Any, Mapping, Sequence, TextIO
 
-from trainprobe.reports import flamegraph
+from trainprobe.reports import flamegraph, xmlsafe
 from trainprobe.reports.output import fmt_value
 
 CATEGORY_COLOURS = {
@@ -35,7 +34,7 @@ TL_RIGHT = 16
 
 
 def esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    return xmlsafe.escape(x)
 
 
 def _utc(t: float | None) -> str:

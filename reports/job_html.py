@@ -2,9 +2,9 @@
 node's own findings. One self-contained file, every string escaped."""
 from __future__ import annotations
 
-import html
 from typing import Any
 
+from trainprobe.reports import xmlsafe
 from trainprobe.reports.output import fmt_value
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}
@@ -14,7 +14,7 @@ tr.straggler{background:#fde8e8}.bad{color:#b00}.dim{color:#777}code{background:
 
 
 def esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    return xmlsafe.escape(x)
 
 
 def _pct(v: Any) -> str:
