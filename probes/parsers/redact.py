@@ -1,16 +1,33 @@
 """Redaction of secrets in what the target hands over (argv, environment, thread and frame names).
 
 Applied where the data enters trainprobe (procfs.parse_cmdline/parse_argv, every artifact a probe
-records through its Recorder, every provenance line), and once more where anything leaves it
-(reports.output, the terminal renderer), so no renderer ever sees a secret:
+records through its Recorder, every provenance line), and again when a bundle is read back
+(agent.bundle), so no renderer ever sees a secret. What is hidden (each value becomes `***`; the
+name stays, so a reader sees that something was there):
 
-- the value of an option or `NAME=value` pair whose name looks like a credential (key, token,
-  secret, password, passwd, pwd, auth, credential, cookie; any case, `-` or `_`):
-  `--api-key=XYZ`, `--hf-token XYZ`, `password=XYZ`, `DB_PASSWORD=XYZ`, `api_key = "XYZ"`;
-- the user-info of a URL: `https://user:pass@host/` -> `https://***@host/`;
+- the value of an option, `NAME=value`, `NAME: value` (YAML), `"NAME": "value"` (JSON, Python) or
+  dict entry whose name holds a credential word: key, token, secret, password/passwd/pwd, pass,
+  passphrase, auth, authorization, bearer, credential, cookie, session/sessionid, signature, in any
+  case, inside longer names and in the plural (`--api-keys`, `DB_PASSWORD`, `--db-pass`,
+  `MY_SERVICE_TOKEN`, `x-api-key`, `private_key`, `jsessionid`), but not inside other words
+  (tokenizer, keyboard, author, bypass, compass, passes). In argv the value may be the next element,
+  even one that starts with `-` (`--password -x9Secret`), unless that element is itself an option
+  (`--lr`, `-v`);
+- a plain number after a name that counts tokens, keys or sessions is kept (see `_counts`):
+  `--max-tokens 512`, `tokens_per_batch=4096`, `--key-frames 3`, `--num-sessions 2`; a number after
+  any other credential name is hidden (`--password 123456`, `--token 42`);
+- `-p VALUE` (`-p` is a password flag in some tools and a port or a count in others): hidden unless
+  VALUE is a port-like number (1 to 5 digits, at most 65535): `-p 8` and `-p 29500` stay readable
+  (they are in the commands the report prints), `-p hunter2`, `-p 1234567` and `-phunter2` do not;
+- headers: `Authorization: Bearer X` -> `Authorization: Bearer ***`, `Cookie: a=b; c=d` -> `Cookie: ***`;
+- URLs: the user-info (`https://user:pass@host/` -> `https://***@host/`) and query parameters named
+  like a credential, plus `sig` and `sas` (`?token=***&sig=***`);
+- well-known token formats anywhere in free text, the prefix kept: GitHub (`ghp_`, `gho_`, `ghu_`,
+  `ghs_`, `ghr_`, `github_pat_`), Hugging Face (`hf_`), OpenAI (`sk-`), AWS key ids (`AKIA`, `ASIA`),
+  Slack (`xoxb-`, `xoxp-`, ...), JWTs (`eyJ...eyJ...`), PEM private key blocks;
 - whatever matches a pattern the operator adds with `--redact REGEX` (repeatable).
 
-A redacted value is replaced by `***`; the name stays, so a reader sees that something was there.
+The environment never reaches a report: procfs.parse_environ_whitelist keeps only named variables.
 """
 from __future__ import annotations
 
@@ -21,48 +38,188 @@ from typing import Any, Iterable
 
 MASK = "***"
 
-_WORD = r"(?:key|token|secret|passw(?:or)?d|pwd|auth|credentials?|cookie)(?![a-z])"
+# Credential words: matched inside longer names and in the plural, never followed by another letter
+# (so tokenizer, keyboard, author do not match). `pass` stands as a word of its own (db-pass, --pass,
+# DBPASS), so that bypass, compass and passes are not names of secrets.
+_WORD = (r"(?:passw(?:or)?ds?|passphrases?|(?<![a-z])(?:db|pg|my|sql|user|admin|root)?pass|pwd|secrets?"
+         r"|tokens?|keys?|auth|authori[sz]ations?|bearers?|credentials?|cookies?|sessions?(?:_?ids?)?|sessid"
+         r"|signatures?)(?![a-z])")
 _NAME = rf"[A-Za-z0-9_.\-]*?{_WORD}[A-Za-z0-9_.\-]*"
 # Characters that end a value inside free text: whitespace, quotes, escapes, and what HTML, JSON
 # or a shell put around a word.
 _STOP = r"\s\"'\\,;&<>`|)(\]\["
+# What follows a credential option in free text and is another option, not its value: --lr, -v, --
+_OPTION_AHEAD = rf"(?!--[A-Za-z]|--(?![^{_STOP}])|-[A-Za-z](?![^{_STOP}]))"
+_QUOTED = r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'"
+_SCHEMES = r"(?:basic|bearer|digest|token|negotiate|ntlm|aws4-hmac-sha256|apikey|key)"
+
+# -- counts are not secrets ----------------------------------------------------------------------------
+# ML tools name amounts with the same words: max_tokens, num_keys, key_frames, sessions. A plain
+# number after such a name is kept; a number after password, pass, secret, auth, cookie, bearer,
+# credential, signature or session ids is not (PINs and numeric passwords exist).
+_COUNTABLE = frozenset({"token", "tokens", "key", "keys", "session", "sessions"})
+_COUNT_WORDS = frozenset({"max", "min", "num", "n", "nb", "number", "total", "count", "per", "limit", "size",
+                          "len", "length", "top", "budget"})
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_PORT = re.compile(r"\d{1,5}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _counts(name: str) -> bool:
+    """Whether `name` reads as a count of tokens, keys or sessions: every credential word in it is
+    one of those, no api/access/private qualifier is next to it, and either a count word is there
+    (max_tokens, num_keys, tokens_per_batch, maxtokens), or the word is plural (tokens, keys), or
+    it qualifies a later word (key_frames, token_budget)."""
+    norm = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().strip("-_.")
+    found = list(_word_rx().finditer(norm))
+    if not found or any(m.group(0) not in _COUNTABLE for m in found):
+        return False
+    if re.search(r"(?:api|access|private)[-_.]?(?:keys?|tokens?)", norm):
+        return False
+    words = re.split(r"[-_.]+", norm)
+    if any(w in _COUNT_WORDS for w in words) or re.search(r"(?:^|[-_.])(?:max|min|num|n|total)(?:tokens?|keys?)",
+                                                          norm):
+        return True
+    if any(m.group(0).endswith("s") for m in found):
+        return True
+    return found[-1].end() < len(norm)
+
+
+def _is_number(v: str) -> bool:
+    return len(v) <= 12 and _NUMBER.fullmatch(v) is not None
+
+
+def _is_port(v: str) -> bool:
+    return _PORT.fullmatch(v) is not None and int(v) <= 65535
+
+
+def _secret(name: str, v: str) -> bool:
+    """Whether `v`, the value of the credential name `name`, is to be hidden."""
+    if name == "-p":
+        return not _is_port(v) and not v.startswith(MASK)
+    bare = v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'" else v
+    if bare.startswith(MASK):
+        return False
+    return not (_is_number(bare) and _counts(name))
+
+
+def _masked(v: str) -> str:
+    """`***`, in the quotes `v` came in."""
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+        return v[0] + MASK + v[0]
+    if v.startswith('\\"'):
+        return '\\"' + MASK + '\\"'
+    return MASK
 
 
 @functools.lru_cache(maxsize=None)
-def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[tuple[re.Pattern[str], str], ...]]:
+def _word_rx() -> re.Pattern[str]:
+    return re.compile(_WORD, re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=None)
+def _name_rx() -> re.Pattern[str]:
+    return re.compile(_NAME, re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_credential_name(name: str) -> bool:
+    """Whether `name` (an option, a variable, a dict key, a header) names a credential."""
+    return _name_rx().fullmatch(name.lstrip("-")) is not None
+
+
+# -- the rules ---------------------------------------------------------------------------------------
+
+def _named(m: re.Match[str]) -> str:
+    """A NAME + separator + value match: the value hidden, unless it is a count."""
+    head, name, v = m.group("head"), m.group("name"), m.group("v")
+    return head + (_masked(v) if _secret(name, v) else v)
+
+
+def _dash_p(m: re.Match[str]) -> str:
+    v = m.group("v")
+    return m.group("head") + (_masked(v) if _secret("-p", v) else v)
+
+
+def _glued_p(m: re.Match[str]) -> str:
+    v = m.group("v")
+    if _is_port(v) or re.fullmatch(r"[a-z]{1,3}", v):      # -p8080, or combined flags (-pv)
+        return m.group(0)
+    return m.group("head") + MASK
+
+
+@functools.lru_cache(maxsize=None)
+def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[tuple[re.Pattern[str], Any], ...]]:
     """The rules, compiled on first use (most runs never meet a string that needs them, and their
     compilation is a few ms of the agent's start-up)."""
+    i = re.IGNORECASE
     # An argv element that is only an option name (the value is the next element): --hf-token
-    opt_only = re.compile(rf"^--?(?:[A-Za-z0-9]+[-_])*?{_NAME}$", re.IGNORECASE)
+    opt_only = re.compile(rf"^--?(?:[A-Za-z0-9]+[-_])*?{_NAME}$", i)
     # NAME=value / --name=value inside one argv element: everything after `=` is the value.
-    arg_pair = re.compile(rf"^(--?)?({_NAME})(=)(.+)$", re.IGNORECASE | re.DOTALL)
-    text_rules = (
+    arg_pair = re.compile(rf"^(--?)?({_NAME})(=)(.+)$", i | re.DOTALL)
+    value = rf"(?P<v>{_QUOTED}|\\\"(?:[^\"\\\n]|\\[^\"])*\\\"|\{{[^{{}}\n]*\}}|\[[^\[\]\n]*\]|[^{_STOP}{{}}]+)"
+    text_rules: tuple[tuple[re.Pattern[str], Any], ...] = (
+        # PEM private key blocks (a truncated one is hidden to the end)
+        (re.compile(r"(-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----)(?!\*\*\*).*?(?:-----END \2-----|\Z)", re.DOTALL),
+         r"\1***-----END \2-----"),
         # URL user-info
         (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@\"'<>]+(?::[^/\s@\"'<>]*)?@"), r"\1" + MASK + "@"),
-        # name = "quoted value" (source lines, configs)
-        (re.compile(rf"(\b{_NAME}\s*=\s*)(\"[^\"\n]*\"|'[^'\n]*')", re.IGNORECASE),
-         r'\1"' + MASK + '"'),
-        # name=value, --name=value (the value ends at whitespace or a quote)
-        (re.compile(rf"(\b{_NAME}\s*=\s*)(?!\*\*\*)([^{_STOP}]+)", re.IGNORECASE), r"\1" + MASK),
+        # sig= and sas= query parameters (Azure SAS); other credential names are caught below
+        (re.compile(r"([?&;](?:sig|sas)=)(?!\*\*\*)[^&#\s\"'<>]+", i), r"\1" + MASK),
+        # Authorization: <scheme> <credentials> (the scheme stays); Cookie: ..., Set-Cookie: ...
+        (re.compile(rf"(\b(?:proxy-)?authori[sz]ation\s*+:\s*+(?:{_SCHEMES}\s++)?+)(?!\*\*\*)[^\r\n\"'<>]+", i),
+         r"\1" + MASK),
+        (re.compile(r"(\b(?:set-)?cookies?\s*+:\s*+)(?!\*\*\*)[^\r\n\"'<>]+", i), r"\1" + MASK),
+        # "NAME": value, 'NAME': value, \"NAME\": \"value\" (JSON, Python dicts, escaped JSON)
+        (re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<q>\\?[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*)(?!\*\*\*)"
+                    + value, i), _named),
+        # NAME: value (YAML, a header named like a credential: x-api-key: ...)
+        (re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>{_NAME}):[ \t]+)(?!(?:{_SCHEMES}[ \t]+)?\*\*\*)" + value,
+                    i), _named),
+        # NAME = "quoted", NAME=value, --name=value (the value ends at whitespace or a quote)
+        (re.compile(rf"(?P<head>\b(?P<name>{_NAME})\s*=(?!=)\s*)(?!\*\*\*)" + value, i), _named),
         # --name value (an option followed by its value as the next word)
-        (re.compile(rf"((?<![\w-])--?{_NAME}\s+)(?!\*\*\*)([^{_STOP}\-][^{_STOP}]*)", re.IGNORECASE), r"\1" + MASK),
+        (re.compile(rf"(?P<head>(?<![\w-])--?(?P<name>{_NAME})[ \t]+){_OPTION_AHEAD}(?!\*\*\*)"
+                    rf"(?P<v>{_QUOTED}|[^{_STOP}]+)", i), _named),
+        # -p VALUE, -pVALUE (a password in some tools; a port or a count, kept, in others)
+        (re.compile(rf"(?P<head>(?:^|(?<=\s))-p[ \t]+){_OPTION_AHEAD}(?!\*\*\*)(?P<v>{_QUOTED}|[^{_STOP}]+)"),
+         _dash_p),
+        (re.compile(rf"(?P<head>(?:^|(?<=\s))-p)(?!\*\*\*)(?P<v>[^{_STOP}\-][^{_STOP}]*)"), _glued_p),
+        # Bearer <token> on its own
+        (re.compile(r"(\bbearer[ \t]+)(?!\*\*\*)[A-Za-z0-9._~+/=\-]{8,}", i), r"\1" + MASK),
+        # Well-known token formats, anywhere
+        (re.compile(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}|\b(github_pat_)[A-Za-z0-9_]{20,}"),
+         lambda m: (m.group(1) or m.group(2)) + MASK),
+        (re.compile(r"\b(hf_)[A-Za-z0-9]{20,}"), r"\1" + MASK),
+        (re.compile(r"(?<![A-Za-z0-9_\-])(sk-)(?=[A-Za-z0-9_\-]*\d)[A-Za-z0-9_\-]{20,}"), r"\1" + MASK),
+        (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), r"\1" + MASK),
+        (re.compile(r"\b(xox[abposr]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK),
+        (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), "eyJ" + MASK),
     )
     return opt_only, arg_pair, text_rules
 
 
-# Cheap test first: most strings (frame names, file names) hold nothing a rule could match.
-_HINTS = ("key", "token", "secret", "passw", "pwd", "auth", "credential", "cookie", "://")
-_MAYBE = re.compile("|".join(_HINTS), re.IGNORECASE)
+# -- the prefilter -------------------------------------------------------------------------------------
+# Cheap test first: most strings (frame names, file names, whole traces) hold nothing a rule could
+# match. Every rule needs one of these (lower-cased) in the string, or the string starting with -p.
+_HINTS = ("key", "token", "secret", "pass", "pwd", "auth", "credential", "cookie", "bearer", "sess", "signature",
+          "://", " -p", "hf_", "sk-", "akia", "asia", "xox", "eyj", "github_pat_")
+_GH = re.compile(r"gh[pousr]_")                # GitHub's prefixes: one scan instead of five
+_MAYBE = re.compile("|".join(map(re.escape, _HINTS)) + r"|gh[pousr]_|^-p", re.IGNORECASE)
+# The only non-ASCII characters that lower() turns into ASCII, or that a case-blind regex matches
+# with an ASCII letter (U+0130 İ, U+0131 ı, U+017F ſ, U+212A Kelvin sign).
+_FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
 
 
 def _maybe(s: str) -> bool:
-    """Whether a rule could match `s`. ASCII text (nearly all of it: traces, argv, file names) is
-    lowered and searched with `in`, 20-50x faster than the case-blind regex on a 300 KB trace;
-    other text goes through the regex, whose case folding covers what lower() does not."""
-    if s.isascii():
-        low = s.lower()
-        return any(h in low for h in _HINTS)
-    return _MAYBE.search(s) is not None
+    """Whether a rule could match `s`: the same answer as the case-blind regex `_MAYBE`, 20-50x
+    faster on a large trace: the text is lowered and searched with `in`. Text holding one of the
+    four characters whose case folding lower() does not reproduce goes through the regex."""
+    if not s.isascii() and any(c in s for c in _FOLDS_TO_ASCII):
+        return _MAYBE.search(s) is not None
+    low = s.lower()
+    return any(h in low for h in _HINTS) or low.startswith("-p") or _GH.search(low) is not None
+
 
 _extra: list[re.Pattern[str]] = []
 
@@ -97,52 +254,94 @@ def text(s: str) -> str:
     """Redact free text: a command line, a thread or frame name, a line of a log or of HTML."""
     if not s or not isinstance(s, str):
         return s
-    if not _maybe(s):
-        for rx in _extra:
-            s = rx.sub(MASK, s)
-        return s
-    for rx, repl in _rules()[2]:
-        s = rx.sub(repl, s)
+    if _maybe(s):
+        for rx, repl in _rules()[2]:
+            s = rx.sub(repl, s)
     for rx in _extra:
         s = rx.sub(MASK, s)
     return s
 
 
+# An argv element that is an option, not the value of the option before it: --lr, --out=x, -v, --
+_ARG_OPTION = re.compile(r"--[A-Za-z][A-Za-z0-9_.\-]*(?:=.*)?|-[A-Za-z]|--", re.DOTALL)
+
+
 def argv(args: Iterable[str]) -> list[str]:
     """Redact an argv list element by element (a value may be the element after its option)."""
     out: list[str] = []
-    hide_next = False
+    pending: str | None = None         # the option whose value the next element is
     for a in args:
-        if hide_next and not a.startswith("-"):
-            out.append(MASK)
-            hide_next = False
-            continue
-        hide_next = False
-        if not _maybe(a):              # neither rule can match without a credential word
+        if pending is not None:
+            name, pending = pending, None
+            if not _ARG_OPTION.fullmatch(a):
+                out.append(_masked(a) if _secret(name, a) else text(a))
+                continue
+        if not _maybe(a):              # no rule can match without a hint
             out.append(text(a))
+            continue
+        if a == "-p":
+            pending = "-p"
+            out.append(a)
             continue
         opt_only, arg_pair, _ = _rules()
         m = arg_pair.match(a)
         if m:
-            out.append(f"{m.group(1) or ''}{m.group(2)}={MASK}")
+            v = m.group(4)
+            out.append(f"{m.group(1) or ''}{m.group(2)}={MASK if _secret(m.group(2), v) else v}")
             continue
-        if opt_only.match(a) and a.startswith("-"):
-            hide_next = True
-            out.append(text(a))
-            continue
+        if a.startswith("-") and opt_only.match(a):
+            pending = a.lstrip("-")
         out.append(text(a))
     return out
 
 
+class _Walk:
+    """Redacts a JSON-like value. A string or key seen before is looked up, not redacted again (a
+    trace repeats each frame name and each key thousands of times)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[str, str] = {}
+        self.keys: dict[str, tuple[str, bool]] = {}
+        self.changed = False
+
+    def str(self, s: str) -> str:
+        r = self.memo.get(s)
+        if r is None:
+            r = self.memo[s] = text(s)
+        if r is not s and r != s:
+            self.changed = True
+        return r
+
+    def value(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is str:
+            return self.str(obj)
+        if t is dict or isinstance(obj, dict):
+            out = {}
+            for k, v in obj.items():
+                if type(k) is str:
+                    known = self.keys.get(k)
+                    if known is None:
+                        known = self.keys[k] = (self.str(k), is_credential_name(k))
+                    elif known[0] != k:
+                        self.changed = True
+                    k, cred = known
+                    if cred and type(v) in (str, int, float) and _secret(k, v if type(v) is str else str(v)):
+                        out[k] = MASK
+                        self.changed = True
+                        continue
+                tv = type(v)
+                out[k] = v if tv is int or tv is float or v is None or tv is bool else self.value(v)
+            return out
+        if t is list or isinstance(obj, (list, tuple)):
+            return [self.value(v) for v in obj]
+        return obj
+
+
 def value(obj: Any) -> Any:
-    """Redact every string (and every key) inside a JSON-like value."""
-    if isinstance(obj, str):
-        return text(obj)
-    if isinstance(obj, dict):
-        return {(text(k) if isinstance(k, str) else k): value(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [value(v) for v in obj]
-    return obj
+    """Redact every string (and every key) inside a JSON-like value, and the string or number
+    under a key that names a credential ({"password": "x"} -> {"password": "***"})."""
+    return _Walk().value(obj)
 
 
 def json_text(s: str) -> str:
@@ -154,16 +353,19 @@ def json_text(s: str) -> str:
         doc = json.loads(s)
     except (ValueError, RecursionError):
         return text(s)
-    red = value(doc)
-    if red == doc:
+    w = _Walk()
+    red = w.value(doc)
+    if not w.changed:
         return s
     return json.dumps(red)
 
 
 def artifact(name: str, s: str) -> str:
-    """Redact one raw artifact a probe records, by its kind."""
+    """Redact one raw artifact a probe records, by its kind (JSON, JSON lines, text)."""
     if not isinstance(s, str):
         return s
     if name.endswith(".json"):
         return json_text(s)
+    if name.endswith(".jsonl"):
+        return "\n".join(json_text(ln) if ln.strip() else ln for ln in s.split("\n"))
     return text(s)
