@@ -544,6 +544,140 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
     return led
 
 
+# -- held-out calibration -----------------------------------------------------------------------
+
+# The step model's fitted constants (agent/combiners/step_model.py: Calibration), each tried at these
+# middle values; the optimistic and pessimistic ends stay as they are.
+HELDOUT_GRID = {
+    "handoff_k": (1.0, 1.25, 1.5, 2.0),
+    "a_pin": (0.6, 0.77, 0.9, 1.0),
+    "churn_m": (1.5, 2.3, 3.0),
+    "scale_a": (0.0, 0.25, 0.5, 1.0),
+    "compile_e": (0.45, 0.6, 0.8),
+}
+MIN_FIT_ROWS = 2             # a constant is fitted only on at least this many rows that it moves
+
+
+def measured_rows(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every measured fix of these ledger files as {case, source, finding, measured, ratios, bundle}:
+    this harness's rows (bundles under tests/data/ledger/bundles or beside the file) and any other
+    ledger written in the same shape, such as benchmarks/public_ledger.py's (a row with `bundle`
+    relative to its file, and `measured` or per-fix entries with `finding` and `measured`)."""
+    out = []
+    for path in paths:
+        led = json.loads(path.read_text())
+        for r in led.get("rows") or []:
+            if r.get("error") or r.get("healthy"):
+                continue
+            entries = [r] + [e for k in ("fixes_measured", "measurements", "applied") for e in r.get(k) or []
+                             if isinstance(e, dict)]
+            for e in entries:
+                finding = e.get("finding") or e.get("id")
+                if "measured" not in e or not finding:
+                    continue
+                b = r.get("bundle")
+                cands = ([path.parent / b] if b else []) + [path.parent / "bundles" / f"{r['case' if 'case' in r else 'name']}.tar.gz"]
+                bundle = next((c for c in cands if c.exists()), None)
+                if bundle is None:
+                    continue
+                out.append({"case": r.get("case") or r.get("name"), "source": path.name, "finding": finding,
+                            "measured": float(e["measured"]), "ratios": e.get("ratios") or [],
+                            "bundle": bundle})
+    return out
+
+
+def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float]]:
+    """The row's finding as the current rules give it on its bundle under the calibration `cal`
+    (a rule that stays silent: 1.0x, claimed under QUIET)."""
+    from trainprobe.agent import bundle as bundle_mod
+    from trainprobe.agent import report as report_mod
+    from trainprobe.agent.combiners import step_model
+    from trainprobe.agent.diagnosis import evidence_from
+    old = step_model.calibration()
+    step_model.set_calibration(cal)
+    try:
+        b = bundle_mod.load(str(row["bundle"]))
+        findings, _ = report_mod.diagnose(evidence_from(b.captures, b.context))
+    finally:
+        step_model.set_calibration(old)
+    f = next((x for x in findings if x.id == row["finding"]), None)
+    if f is None:
+        return 1.0, (0.0, QUIET)
+    return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup))
+
+
+def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
+    """Leave-one-job-out: for each job, every constant is fitted (median |log(pred/meas)| over the
+    grid) on the other jobs whose prediction it moves, then the job is predicted with those values.
+    A constant that moves fewer than MIN_FIT_ROWS of the other jobs keeps its prior value for that
+    fold (it is never fitted to one row). Returns per-row predictions, intervals and errors, and the
+    summary: median |log|, median ratio, share within 0.8-1.25, interval coverage."""
+    from dataclasses import replace
+
+    from trainprobe.agent.combiners import step_model
+    grid = grid or HELDOUT_GRID
+    base = step_model.calibration()
+    # One diagnosis per row and per tried value: which rows each constant moves, and how.
+    table: dict[str, dict[str, dict[float, float]]] = {}
+    for r in rows:
+        key = f"{r['source']}:{r['case']}:{r['finding']}"
+        r["key"] = key
+        table[key] = {}
+        for name, values in grid.items():
+            lo, mid, hi = getattr(base, name)
+            table[key][name] = {v: _predict(r, replace(base, **{name: (lo, v, hi)}))[0] for v in values}
+    out_rows = []
+    for r in rows:
+        fitted: dict[str, Any] = {}
+        cal = base
+        for name, values in grid.items():
+            train = [x for x in rows if x["case"] != r["case"]
+                     and len({round(p, 3) for p in table[x["key"]][name].values()}) > 1]
+            if len(train) < MIN_FIT_ROWS:
+                fitted[name] = {"value": getattr(base, name)[1], "fitted_on": [x["case"] for x in train],
+                                "prior": True}
+                continue
+            best = min(values, key=lambda v: (statistics.median(abs(math.log(table[x["key"]][name][v] / x["measured"]))
+                                                                for x in train), abs(v - getattr(base, name)[1])))
+            fitted[name] = {"value": best, "fitted_on": [x["case"] for x in train], "prior": False}
+            lo, _, hi = getattr(cal, name)
+            cal = replace(cal, **{name: (lo, best, hi)})
+        pred, iv = _predict(r, cal)
+        out_rows.append({"case": r["case"], "source": r["source"], "finding": r["finding"],
+                         "measured": r["measured"], "ratios": r["ratios"], "predicted": pred,
+                         "interval": [iv[0], iv[1]], "ratio": round(pred / r["measured"], 3),
+                         "in_interval": iv[0] <= r["measured"] <= iv[1],
+                         "fitted": {k: v["value"] for k, v in fitted.items()},
+                         "priors": sorted(k for k, v in fitted.items() if v["prior"])})
+    ratios = [x["ratio"] for x in out_rows]
+    summary = {"rows": len(out_rows),
+               "median_abs_log": round(statistics.median(abs(math.log(x)) for x in ratios), 3) if ratios else None,
+               "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+               "within_band": sum(1 for x in ratios if 0.8 <= x <= 1.25),
+               "in_interval": sum(1 for x in out_rows if x["in_interval"])}
+    return {"rows": out_rows, "summary": summary}
+
+
+def render_heldout(res: dict[str, Any], command: str) -> str:
+    s = res["summary"]
+    out = ["## Held out", "",
+           "Each constant of the step model is fitted on the other jobs (leave-one-job-out) and the job is",
+           "predicted with those values; a constant that moves fewer than two of the other jobs keeps its",
+           "prior value in that fold (listed as a prior): no constant is fitted to one row. Generated by",
+           f"`{command}`.", "",
+           "| job (ledger) | finding | held-out prediction | interval | measured (repetitions) | pred/meas | in interval | priors |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        reps = ", ".join(f"{x:.2f}" for x in r["ratios"])
+        out.append(f"| {r['case']} ({r['source']}) | {r['finding']} | {r['predicted']:.2f}x | "
+                   f"{r['interval'][0]:.2f}-{r['interval'][1]:.2f}x | {r['measured']:.2f}x ({reps}) | {r['ratio']:.2f} | "
+                   f"{'yes' if r['in_interval'] else 'no'} | {', '.join(r['priors']) or '-'} |")
+    out += ["", f"Held out: {s['rows']} measured fixes; median |log(pred/meas)| {s['median_abs_log']}; median "
+                f"pred/meas {s['median_ratio']}; within 0.8-1.25x: {s['within_band']} of {s['rows']}; measured "
+                f"inside the interval: {s['in_interval']} of {s['rows']}.", ""]
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kind", choices=("cpu", "gpu"))
@@ -559,8 +693,17 @@ def main() -> int:
     ap.add_argument("--render", nargs="*", default=None, help="write docs/ledger.md from these ledger JSON files")
     ap.add_argument("--to-tests", nargs="*", default=None,
                     help="copy these ledger JSON files and their bundles to tests/data/ledger/ (with misses)")
+    ap.add_argument("--heldout", nargs="*", default=None,
+                    help="leave-one-job-out evaluation of the step model's constants on these ledger JSON "
+                         "files (this harness's and benchmarks/public_ledger.py's); prints the table")
     ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
     a = ap.parse_args()
+    if a.heldout is not None:
+        paths = [Path(p) for p in a.heldout] or sorted((REPO / "tests" / "data" / "ledger").glob("*.json")) + \
+            sorted((REPO / "tests" / "data" / "ledger" / "public").glob("*.json"))
+        res = heldout(measured_rows(paths))
+        print(render_heldout(res, "python benchmarks/ledger.py --heldout " + " ".join(a.heldout)))
+        return 0
     if a.to_tests:
         leds = [to_tests(led, dirs) for led, dirs in merge([Path(p) for p in a.to_tests])]
         for led in leds:
@@ -568,7 +711,11 @@ def main() -> int:
         return 0
     if a.render is not None:
         led = [json.loads(Path(p).read_text()) for p in a.render]
-        (REPO / "docs" / "ledger.md").write_text(render(led))
+        page = REPO / "docs" / "ledger.md"
+        # The held-out section (--heldout) is kept as it was written.
+        old = page.read_text() if page.exists() else ""
+        kept = old[old.index("## Held out"):] if "## Held out" in old else ""
+        page.write_text(render(led) + ("\n" + kept if kept else ""))
         print(REPO / "docs" / "ledger.md")
         return 0
     if not a.kind:

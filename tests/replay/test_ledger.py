@@ -111,3 +111,18 @@ def test_the_ledger_covers_every_cpu_side_rule():
     assert {"dataloader.starved", "gil.contention", "cpu.oversubscribed", "io.small_reads",
             "compute.bound"} <= covered
     assert len(led["rows"]) >= 10
+
+
+def test_heldout_fit_predicts_the_left_out_jobs():
+    """Leave-one-job-out on the rows the pinning constant moves: each row is predicted with a value
+    fitted on the others, never on itself, and the measured speedup falls inside its interval."""
+    from pathlib import Path
+
+    from scripts.ledger import heldout, measured_rows
+    rows = [r for r in measured_rows([Path(LEDGER / "gpu.json")])
+            if r["case"] in ("timm-starved", "lightning-starved", "gan-recreated")]
+    res = heldout(rows, {"a_pin": (0.77, 1.0)})
+    assert res["summary"]["rows"] == 3
+    for r in res["rows"]:
+        assert r["case"] not in r.get("fitted_on", [])
+        assert r["interval"][0] <= r["measured"] <= r["interval"][1], r

@@ -1,0 +1,30 @@
+"""The report's plan: fixes that interact, applied together, lead the headline."""
+from trainprobe.agent.ranking import headline
+from trainprobe.agent.report import change_of
+
+
+def test_the_headline_leads_with_the_plan():
+    top = {"id": "dataloader.starved", "expected_speedup": 1.01, "expected_speedup_interval": [1.0, 1.1],
+           "confidence": "medium", "title": "The training loop loads its own batches 61% of the time"}
+    plan = {"findings": ["dataloader.starved"], "knobs": {"num_workers": 1, "intra_op_threads": 1},
+            "expected_speedup": 1.44, "interval": [1.2, 1.7], "binding": "loop",
+            "binding_words": "the loop's own work"}
+    line = headline([top], plan)
+    assert line.startswith("Plan: apply num_workers=1, intra_op_threads=1 together") and "1.44x" in line
+    assert headline([top]).startswith("No fix here")     # without a plan: the finding's own number
+
+
+def test_a_plan_under_the_small_gain_threshold_does_not_lead():
+    top = {"id": "host.sync", "expected_speedup": 1.3, "expected_speedup_interval": [1.1, 1.5],
+           "confidence": "high", "title": "t"}
+    plan = {"findings": ["host.sync"], "knobs": {"item_every": 100}, "expected_speedup": 1.05,
+            "interval": [1.0, 1.1], "binding": "data"}
+    assert headline([top], plan).startswith("Top fix: host.sync")
+
+
+def test_fix_knobs_map_to_the_step_models_changes():
+    ch = change_of("dataloader.starved", {"num_workers": 3, "intra_op_threads": 1, "pin_memory": True,
+                                          "persistent_workers": True})
+    assert (ch.workers, ch.intra_threads, ch.pin_memory, ch.persistent) == (3, 1, True, True)
+    assert change_of("host.sync", {"item_every": 100}).sync_removed
+    assert change_of("gil.contention", {}) is None
