@@ -1,0 +1,742 @@
+#!/usr/bin/env python3
+"""The validation ledger on public training code: scripts no one here wrote, run unmodified.
+
+Each job is a public repository at a pinned commit, a script inside it, its argv and environment,
+and data made locally (no network, no hub). The harness starts the job, lets it warm up, runs
+`python -m trainprobe.agent diagnose --pid PID --duration D --json --save BUNDLE`, takes the top
+finding (and the report's `plan`, where the report has one) and applies the `knobs` it printed
+exactly, without editing the script: benchmarks/inject/sitecustomize.py, first on the job's
+PYTHONPATH, overrides the keyword arguments of the script's DataLoader, calls
+torch.set_num_threads, sets the mode of the script's torch.compile, and counts optimizer steps
+from a step post-hook into a small file; a knob a script has its own flag for (nanoGPT's
+--log_interval for `item_every`) goes through that flag. A knob none of these can apply makes the
+row "not applicable generically", left out of the accuracy figures.
+
+Before and after are measured interleaved (before, after, before, after, ...), each job paused
+with SIGSTOP (its workers too) while the other is timed; the number of repetitions is sized from
+the spread of the first ones (95% interval of the mean log ratio within --target, at most --max-reps).
+
+    python benchmarks/public_ledger.py --fetch                 # extract the pinned scripts into .public/src
+    python benchmarks/public_ledger.py --kind cpu --out DIR    # this machine's jobs
+    python benchmarks/public_ledger.py --kind gpu --out DIR --budget 420
+    python benchmarks/public_ledger.py --dry-run --kind gpu    # the plan, run nothing
+    python benchmarks/public_ledger.py --to-tests DIR/public-ledger-cpu.json [DIR2/public-ledger-gpu.json]
+    python benchmarks/public_ledger.py --render                # docs/validation-public.md from tests/data
+
+Writes DIR/public-ledger-KIND.json (every rate, every ratio, the report's findings, the bundle
+path) and DIR/bundles/JOB.tar.gz. Fetched code lives in .public/ (ignored; never committed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from scripts.ledger import HEALTHY_MAX, QUIET, Job  # noqa: E402
+
+PY = sys.executable
+PUBLIC = REPO / ".public"
+SRC = PUBLIC / "src"
+INJECT = REPO / "benchmarks" / "inject"
+TESTS = REPO / "tests" / "data" / "ledger" / "public"
+MIRRORS = Path("/work/.mirror")
+if (PUBLIC / "site").exists():      # packages this machine lacks (torchvision, PIL on the CPU machine)
+    sys.path.append(str(PUBLIC / "site"))
+LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "worker_threads")
+GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "compile"}
+
+# repo -> (commit, paths to extract)
+REPOS = {
+    "pytorch/examples": ("77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                         ["mnist", "vae", "dcgan", "imagenet", "word_language_model",
+                          ":(exclude)word_language_model/data"]),
+    "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
+    "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
+}
+
+
+def src_dir(repo: str) -> Path:
+    return SRC / repo.replace("/", "+")
+
+
+def fetch_sources() -> None:
+    """Extract each pinned repository's needed paths from its mirror (the `fetch` tool's git dir)."""
+    for repo, (commit, paths) in REPOS.items():
+        dst = src_dir(repo)
+        if (dst / ".commit").exists() and (dst / ".commit").read_text().strip() == commit:
+            continue
+        git_dir = MIRRORS / repo.replace("/", "+") / "repo"
+        if not git_dir.exists():
+            raise SystemExit(f"no mirror of {repo} at {git_dir}: fetch github:{repo} first")
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        arc = subprocess.run(["git", f"--git-dir={git_dir}", "archive", commit, *paths], capture_output=True, check=True)
+        subprocess.run(["tar", "x", "-C", str(dst)], input=arc.stdout, check=True)
+        (dst / ".commit").write_text(commit + "\n")
+        print(f"{repo}@{commit[:10]}: {', '.join(paths)} -> {dst}")
+
+
+# -- data made locally -------------------------------------------------------------------------
+
+def make_mnist(root: Path, n_train: int, n_test: int = 1000) -> None:
+    """torchvision's MNIST reads the uncompressed idx files from ROOT/MNIST/raw."""
+    import numpy as np
+    raw = root / "MNIST" / "raw"
+    if (raw / "t10k-labels-idx1-ubyte").exists():
+        return
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        img = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        with open(raw / f"{prefix}-images-idx3-ubyte", "wb") as fh:
+            fh.write((2051).to_bytes(4, "big") + n.to_bytes(4, "big") + (28).to_bytes(4, "big")
+                     + (28).to_bytes(4, "big") + img.tobytes())
+        with open(raw / f"{prefix}-labels-idx1-ubyte", "wb") as fh:
+            fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big")
+                     + rng.integers(0, 10, size=n, dtype=np.uint8).tobytes())
+
+
+def make_words(root: Path, n_train: int = 600_000) -> None:
+    """word_language_model reads ./data/wikitext-2/{train,valid,test}.txt."""
+    import random
+    d = root / "data" / "wikitext-2"
+    if (d / "test.txt").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(0)
+    vocab = [f"w{i}" for i in range(10_000)]
+    for name, n in (("train", n_train), ("valid", 4_000), ("test", 4_000)):
+        words = [rnd.choice(vocab) for _ in range(n)]
+        lines = [" ".join(words[i:i + 20]) for i in range(0, n, 20)]
+        (d / f"{name}.txt").write_text("\n".join(lines) + "\n")
+
+
+def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:
+    """nanoGPT reads ./data/DATASET/{train,val}.bin (uint16 tokens); no meta.pkl: GPT-2's vocabulary."""
+    import numpy as np
+    d = root / "data" / dataset
+    if (d / "val.bin").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 50257, size=n, dtype=np.uint16).tofile(d / "train.bin")
+    rng.integers(0, 50257, size=n // 10, dtype=np.uint16).tofile(d / "val.bin")
+
+
+def _jpegs(args: tuple[Path, int, int, int]) -> None:
+    from PIL import Image
+    import numpy as np
+    d, cls, n, size = args
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(cls)
+    for i in range(n):
+        # smooth colour fields plus noise: decodes like a photograph, not like white noise
+        base = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((size, size), Image.BILINEAR)
+        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 12, size=(size, size, 3))
+        Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(d / f"{cls}_{i:04d}.jpg", quality=90)
+
+
+def make_jpeg_folder(root: Path, classes: int = 10, per_class: int = 200, size: int = 320) -> None:
+    """An ImageFolder: ROOT/{train,val}/CLASS/*.jpg."""
+    from multiprocessing import Pool
+    if (root / ".done").exists():
+        return
+    jobs = [(root / "train" / f"c{c:02d}", c, per_class, size) for c in range(classes)]
+    jobs += [(root / "val" / f"c{c:02d}", 100 + c, max(2, per_class // 10), size) for c in range(classes)]
+    with Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        pool.map(_jpegs, jobs)
+    (root / ".done").write_text("")
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+@dataclass
+class PublicJob:
+    name: str
+    kind: str                                  # cpu | gpu
+    repo: str
+    script: str                                # path inside the repo
+    argv: list[str]
+    what: str
+    cwd: str = "."                             # inside the repo; data are made relative to the work dir
+    data: Callable[[Path], None] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    thread: str | None = None                  # an injected background thread: pipe | spin
+    flags: dict[str, Callable[[Any], list[str]]] = field(default_factory=dict)   # knob -> argv added
+    compiled: bool = False
+    warmup: float = 8.0                        # seconds of steps before the diagnosis
+    expect: str | None = None                  # a finding the job is known to have (None: unknown)
+    expect_not: tuple[str, ...] = ()           # findings it must not get
+    background: str = ""                       # its background Python threads, in words
+
+    @property
+    def commit(self) -> str:
+        return REPOS[self.repo][0]
+
+    def workdir(self) -> Path:
+        return PUBLIC / "work" / self.name
+
+    def command(self, extra: list[str] = ()) -> list[str]:
+        """As a person types it, in the repository's checkout."""
+        script = os.path.relpath(self.script, self.cwd)
+        return (["cd", self.cwd, "&&"] if self.cwd != "." else []) + ["python", script, *self.argv, *extra]
+
+
+def _set(flag: str) -> Callable[[Any], list[str]]:
+    return lambda v: [f"{flag}={v}"]
+
+
+EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-image-models"
+NANO_CPU = ["--device=cpu", "--dtype=float32", "--dataset=rand", "--eval_interval=100000", "--eval_iters=1",
+            "--log_interval=1", "--n_layer=2", "--n_head=4", "--n_embd=128", "--block_size=64", "--batch_size=8",
+            "--gradient_accumulation_steps=1", "--max_iters=10000000", "--lr_decay_iters=10000000"]
+NANO_GPU = ["--dataset=rand", "--eval_interval=100000", "--eval_iters=1", "--log_interval=1", "--n_layer=6",
+            "--n_head=6", "--n_embd=384", "--block_size=256", "--batch_size=32", "--gradient_accumulation_steps=1",
+            "--max_iters=10000000", "--lr_decay_iters=10000000", "--dropout=0.0"]
+NANO_FLAGS = {"item_every": _set("--log_interval")}
+
+
+def cpu_jobs() -> list[PublicJob]:
+    return [
+        PublicJob("vae-cpu", "cpu", EX, "vae/main.py", ["--epochs", "1000", "--no-accel"],
+                  "pytorch/examples VAE on MNIST, CPU: a small MLP fed by an in-loop DataLoader",
+                  cwd="vae", data=lambda w: make_mnist(w / "data", 120_000),
+                  flags={"item_every": _set("--log-interval")}),
+        PublicJob("wlm-cpu", "cpu", EX, "word_language_model/main.py",
+                  ["--epochs", "1000", "--emsize", "128", "--nhid", "128", "--bptt", "35", "--batch_size", "20"],
+                  "pytorch/examples word-level LSTM language model on CPU (no DataLoader)",
+                  cwd="word_language_model", data=lambda w: make_words(w / "word_language_model")),
+        PublicJob("dcgan-cpu", "cpu", EX, "dcgan/main.py",
+                  ["--dataset", "fake", "--workers", "1", "--imageSize", "32", "--batchSize", "32", "--ngf", "16",
+                   "--ndf", "16", "--niter", "1000", "--outf", "/tmp/trainprobe-dcgan-out"],
+                  "pytorch/examples DCGAN on FakeData (32x32), 1 worker, CPU", cwd="dcgan"),
+        PublicJob("nanogpt-cpu-pipe", "cpu", NANO, "train.py", NANO_CPU + ["--compile=False"],
+                  "nanoGPT train.py, a 2-layer GPT on random tokens, CPU, not compiled, with an injected "
+                  "background thread blocked in os.read of a pipe", data=make_tokens, thread="pipe",
+                  flags=NANO_FLAGS, expect_not=("gil.contention",),
+                  background="injected: one thread blocked in os.read of a pipe (a metrics uploader)"),
+        PublicJob("nanogpt-cpu-spin", "cpu", NANO, "train.py", NANO_CPU + ["--compile=False"],
+                  "nanoGPT train.py on CPU with an injected background thread spinning in pure Python",
+                  data=make_tokens, thread="spin", flags=NANO_FLAGS, expect="gil.contention",
+                  background="injected: one thread running pure Python without pausing"),
+        PublicJob("nanogpt-cpu-compiled", "cpu", NANO, "train.py", NANO_CPU + ["--compile=True"],
+                  "nanoGPT train.py on CPU compiled with torch.compile (inductor, C++ backend)",
+                  data=make_tokens, flags=NANO_FLAGS, compiled=True, warmup=15.0, expect_not=("gil.contention",),
+                  background="inductor's compile-worker pool thread"),
+        PublicJob("mnist-cpu", "cpu", EX, "mnist/main.py", ["--epochs", "1000", "--no-accel", "--batch-size", "16"],
+                  "pytorch/examples MNIST CNN on CPU, batch 16: the script's CPU branch gives the DataLoader no workers",
+                  cwd="mnist", data=lambda w: make_mnist(w / "data", 120_000),
+                  flags={"item_every": _set("--log-interval")}),
+    ]
+
+
+def gpu_jobs() -> list[PublicJob]:
+    jpeg = PUBLIC / "data" / "jpeg"       # one ImageFolder for both timm jobs
+    timm_args = ["--data-dir", str(jpeg), "--train-split", "train", "--val-split", "val", "--epochs", "1000",
+                 "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10", "--output", "/tmp/trainprobe-timm-out",
+                 "--no-aug"]
+    return [
+        PublicJob("timm-resnet50-j2", "gpu", TIMM, "train.py",
+                  timm_args + ["--model", "resnet50", "-b", "128", "-j", "2", "--amp"],
+                  "timm's train.py, resnet50, AMP, a JPEG ImageFolder, -j 2",
+                  data=lambda w: make_jpeg_folder(jpeg), warmup=10.0),
+        PublicJob("nanogpt-gpu-compiled-pipe", "gpu", NANO, "train.py", NANO_GPU + ["--compile=True"],
+                  "nanoGPT train.py, 6-layer GPT, bf16, torch.compile, loss.item() every step (log_interval=1), "
+                  "with an injected thread blocked in os.read of a pipe",
+                  data=make_tokens, thread="pipe", flags=NANO_FLAGS, compiled=True, warmup=10.0,
+                  expect_not=("gil.contention",),
+                  background="inductor's compile-worker pool thread; injected: one thread blocked in os.read"),
+        PublicJob("imagenet-dummy-j2", "gpu", EX, "imagenet/main.py",
+                  ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
+                  "pytorch/examples imagenet/main.py --dummy (FakeData, PIL -> ToTensor), resnet18, -j 2",
+                  cwd="imagenet", flags={"item_every": _set("--print-freq")}, warmup=8.0),
+        PublicJob("timm-resnet18-compiled", "gpu", TIMM, "train.py",
+                  timm_args + ["--model", "resnet18", "-b", "128", "-j", "4", "--amp", "--torchcompile", "inductor"],
+                  "timm's train.py, resnet18, AMP, --torchcompile inductor, JPEG ImageFolder, -j 4",
+                  data=lambda w: make_jpeg_folder(jpeg), compiled=True, warmup=10.0,
+                  expect_not=("gil.contention",), background="inductor's compile-worker pool thread"),
+        PublicJob("nanogpt-gpu-eager", "gpu", NANO, "train.py", NANO_GPU + ["--compile=False"],
+                  "nanoGPT train.py, 6-layer GPT, bf16, not compiled, loss.item() every step",
+                  data=make_tokens, flags={**NANO_FLAGS, "compile": lambda v: ["--compile=True"]}, warmup=6.0),
+        PublicJob("dcgan-gpu-fake", "gpu", EX, "dcgan/main.py",
+                  ["--dataset", "fake", "--accel", "--workers", "2", "--niter", "1000",
+                   "--outf", "/tmp/trainprobe-dcgan-out"],
+                  "pytorch/examples DCGAN on FakeData (64x64), 2 workers re-created every 782 steps",
+                  cwd="dcgan", warmup=6.0),
+        PublicJob("mnist-gpu", "gpu", EX, "mnist/main.py", ["--epochs", "1000"],
+                  "pytorch/examples MNIST CNN on the GPU: 1 persistent worker, pinned memory",
+                  cwd="mnist", data=lambda w: make_mnist(w / "data", 240_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=6.0),
+    ]
+
+
+def all_jobs(kind: str | None = None) -> list[PublicJob]:
+    js = cpu_jobs() + gpu_jobs()
+    return [j for j in js if kind in (None, j.kind)]
+
+
+# -- running -------------------------------------------------------------------------------------
+
+def prepare(job: PublicJob) -> Path:
+    """The job's work dir: the repo's extracted files (copied once), its data made there."""
+    w = job.workdir()
+    src = src_dir(job.repo)
+    if not (src / ".commit").exists():
+        raise RuntimeError(f"{job.repo} is not in {SRC}: run --fetch first")
+    if not (w / ".commit").exists():
+        shutil.rmtree(w, ignore_errors=True)
+        shutil.copytree(src, w)
+    if job.data:
+        job.data(w)
+    return w
+
+
+def applicable(job: PublicJob, knobs: dict[str, Any]) -> bool:
+    inj, argv, left = split_knobs(job, knobs)
+    return bool(inj or argv or ("background_thread_holds_gil" in left and job.thread))
+
+
+def split_knobs(job: PublicJob, knobs: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """(knobs the injected module applies, argv the script's own flags take, knobs nothing applies)."""
+    inj, argv, left = {}, [], {}
+    for k, v in knobs.items():
+        if k in job.flags:
+            argv += job.flags[k](v)
+            if k == "compile":
+                inj[k] = v
+        elif k in GENERIC and not (k == "compile" and not job.compiled):
+            inj[k] = v
+        else:
+            left[k] = v
+    return inj, argv, left
+
+
+class PublicProc(Job):
+    """A public script running under the injected module: progress from its optimizer steps."""
+
+    def __init__(self, job: PublicJob, knobs: dict[str, Any] | None = None, extra_argv: list[str] = (),
+                 thread: str | None = None, tag: str = "before"):
+        w = job.workdir()
+        self.progress = w / f".progress-{tag}"
+        self.log = w / f".inject-{tag}.log"
+        for p in (self.progress, self.log):
+            p.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
+                   TRAINPROBE_LEDGER_PROGRESS=str(self.progress), TRAINPROBE_LEDGER_LOG=str(self.log),
+                   TRAINPROBE_LEDGER_KNOBS=json.dumps(knobs or {}), **job.env)
+        env.pop("TRAINPROBE_LEDGER_OWNER", None)
+        env.pop("TRAINPROBE_LEDGER_THREAD", None)
+        if thread:
+            env["TRAINPROBE_LEDGER_THREAD"] = thread
+        site = PUBLIC / "site"          # packages this machine lacks (torchvision on the CPU machine)
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT)] + ([str(site)] if site.exists() else [])
+                                            + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        self.argv = [PY, str(w / job.script), *job.argv, *extra_argv]
+        self.proc = subprocess.Popen(self.argv, cwd=w / job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, start_new_session=True)
+        self.busy = []
+        self.points: list[tuple[float, int]] = []
+        self.tail: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        last = None
+        while self.proc.poll() is None:
+            try:
+                t, n = self.progress.read_text().split()[:2]
+                if t != last:
+                    last = t
+                    self.points.append((float(t), int(n)))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+
+    def warm(self, seconds: float, timeout: float = 300) -> None:
+        self.wait_ready(3, timeout)
+        t = time.time()
+        while time.time() - t < seconds:
+            if self.proc.poll() is not None:
+                raise RuntimeError("job exited:\n" + "".join(self.tail))
+            time.sleep(0.2)
+
+    def injected(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+def mean_log_interval(ratios: list[float]) -> tuple[float, float]:
+    """95% interval of the geometric mean of the ratios (t on the log ratios)."""
+    logs = [math.log(r) for r in ratios]
+    if len(logs) < 2:
+        return ratios[0], ratios[0]
+    t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+    m, s = statistics.mean(logs), statistics.stdev(logs)
+    h = t.get(len(logs) - 1, 2.1) * s / math.sqrt(len(logs))
+    return math.exp(m - h), math.exp(m + h)
+
+
+def interleaved(procs: list[PublicProc], seconds: float, settle: float, min_reps: int, max_reps: int,
+                target: float, deadline: float) -> list[list[float]]:
+    """Rates of each process, in turn, per repetition; the others paused. Stops once every ratio's
+    95% interval is within exp(+-target) of its mean, at max_reps, or at the deadline."""
+    for p in procs:
+        p.pause()
+    rates: list[list[float]] = [[] for _ in procs]
+    for rep in range(max_reps):
+        for i, p in enumerate(procs):
+            p.resume(settle)
+            rates[i].append(p.rate(seconds))
+            p.pause()
+        if rep + 1 >= min_reps:
+            widths = []
+            for r in rates[1:]:
+                lo, hi = mean_log_interval([a / b for a, b in zip(r, rates[0])])
+                widths.append(math.log(hi / lo) / 2)
+            one = len(procs) * (seconds + settle)
+            if max(widths) <= target or time.time() + one > deadline:
+                break
+    return rates
+
+
+def diagnose(pid: int, bundle: Path, duration: float, extra: list[str]) -> dict[str, Any]:
+    r = subprocess.run([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(duration),
+                        "--json", "--save", str(bundle), *extra], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 240)
+    if r.returncode not in (0, 1, 2):
+        raise RuntimeError(f"diagnose exited {r.returncode}: {r.stderr[-2000:]}")
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"diagnose exited {r.returncode} without a report: {r.stderr[-2000:]}") from None
+
+
+def finding_knobs(f: dict[str, Any]) -> dict[str, Any]:
+    """The knobs of a finding's fixes, in the order printed (the first fix's value of a knob wins)."""
+    k: dict[str, Any] = {}
+    for fx in f.get("fixes") or []:
+        for key, v in (fx.get("knobs") or {}).items():
+            k.setdefault(key, v)
+    return k
+
+
+def brief(fs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": f["id"], "expected_speedup": f["expected_speedup"],
+             "interval": f.get("expected_speedup_interval"), "confidence": f.get("confidence"),
+             "knobs": finding_knobs(f)} for f in fs]
+
+
+def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float) -> dict[str, Any]:
+    t0 = time.time()
+    w = prepare(job)
+    row: dict[str, Any] = {"job": job.name, "kind": job.kind, "repo": job.repo, "commit": job.commit,
+                           "script": job.script, "cwd": job.cwd, "argv": job.argv, "what": job.what,
+                           "command": " ".join(job.command()), "env": job.env, "compiled": job.compiled,
+                           "background": job.background, "injected_thread": job.thread,
+                           "expect": job.expect, "expect_not": list(job.expect_not)}
+    before = PublicProc(job, thread=job.thread, tag="before")
+    procs = [before]
+    try:
+        before.warm(job.warmup * a.warmup_scale)
+        (out / "bundles").mkdir(parents=True, exist_ok=True)
+        bundle = out / "bundles" / f"{job.name}.tar.gz"
+        rep = diagnose(before.proc.pid, bundle, a.duration, a.diagnose_args)
+        fs = rep.get("findings") or []
+        row.update(bundle=str(bundle.relative_to(out)), bundle_bytes=bundle.stat().st_size if bundle.exists() else 0,
+                   headline=rep.get("headline"), findings=brief(fs), top=fs[0]["id"] if fs else None,
+                   plan=rep.get("plan"))
+        row["gil_claimed"] = any(f["id"] == "gil.contention" for f in fs)
+        row["max_speedup"] = max((f["expected_speedup"] for f in fs if f["id"] != "compute.bound"), default=1.0)
+        variants: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []   # (name, knobs, finding)
+        top = fs[0] if fs else None
+        if top is not None and top["id"] != "compute.bound" and finding_knobs(top):
+            variants.append(("top", finding_knobs(top), top))
+            if not applicable(job, finding_knobs(top)):
+                # The top fix needs a change no generic mechanism makes (other processes, code): the
+                # next finding whose fix can be applied is measured too, and reported apart.
+                nxt = next((f for f in fs[1:] if f["id"] != "compute.bound" and applicable(job, finding_knobs(f))),
+                           None)
+                if nxt is not None:
+                    variants.append(("next", finding_knobs(nxt), nxt))
+        plan = rep.get("plan") or None
+        if plan and plan.get("knobs") and (not variants or plan["knobs"] != variants[0][1]):
+            variants.append(("plan", dict(plan["knobs"]), None))
+        if not variants:
+            row.update(status="no fix printed", note=f"top finding {row['top']}: nothing to apply")
+            return row
+        after_procs, applied = [], []
+        for name, knobs, f in variants:
+            inj, argv, left = split_knobs(job, knobs)
+            thread = job.thread
+            if "background_thread_holds_gil" in left and job.thread:
+                # the fix removes the named thread: the job without the injected thread
+                thread = None
+                left.pop("background_thread_holds_gil")
+            entry = {"variant": name, "knobs": knobs, "injected": inj, "argv_added": argv, "not_applied": left,
+                     "thread": thread}
+            if f is not None:
+                entry.update(finding=f["id"], predicted=f["expected_speedup"],
+                             interval=f.get("expected_speedup_interval"),
+                             fix_text=[fx.get("change") for fx in f.get("fixes") or []])
+            else:
+                entry.update(predicted=plan.get("expected_speedup"),
+                             interval=plan.get("expected_speedup_interval") or plan.get("interval"))
+            if not inj and not argv and thread == job.thread:
+                entry["status"] = "not applicable generically"
+                applied.append(entry)
+                continue
+            p = PublicProc(job, inj, argv, thread, tag=name)
+            p_entry = entry
+            procs.append(p)
+            after_procs.append((p, p_entry))
+            applied.append(entry)
+        row["applied"] = applied
+        if not after_procs:
+            row.update(status="not applicable generically")
+            return row
+        before.pause()
+        for p, _ in after_procs:
+            p.warm(job.warmup * a.warmup_scale)
+            p.pause()
+        rates = interleaved(procs, a.seconds, a.settle, a.min_reps, a.max_reps, a.target, deadline)
+        row["before"] = [round(x, 3) for x in rates[0]]
+        for (p, e), r in zip(after_procs, rates[1:]):
+            ratios = [x / y for x, y in zip(r, rates[0])]
+            lo, hi = mean_log_interval(ratios)
+            med = statistics.median(ratios)
+            e.update(after=[round(x, 3) for x in r], ratios=[round(x, 3) for x in ratios], measured=round(med, 3),
+                     measured_interval=[round(lo, 3), round(hi, 3)], reps=len(ratios),
+                     injected_log=p.injected(), argv_after=p.argv[2:],
+                     status="measured")
+            if e.get("predicted"):
+                e["pred_over_meas"] = round(e["predicted"] / med, 3)
+                iv = e.get("interval") or [e["predicted"], e["predicted"]]
+                e["in_interval"] = iv[0] <= med <= iv[1]
+        row["injected_log_before"] = before.injected()
+        row["status"] = "measured"
+        return row
+    finally:
+        for p in procs:
+            p.stop()
+        row["seconds"] = round(time.time() - t0, 1)
+
+
+def machine_note() -> dict[str, Any]:
+    note: dict[str, Any] = {"host": os.uname().nodename, "cpus": len(os.sched_getaffinity(0)),
+                            "loadavg_start": os.getloadavg()}
+    try:
+        note["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                     text=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        note["gpu"] = None
+    try:
+        import torch
+        note["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return note
+
+
+# -- statistics and the page ----------------------------------------------------------------------
+
+def primary(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The measured variant the accuracy figures use: the top finding's fix."""
+    for e in row.get("applied") or []:
+        if e["variant"] == "top" and e.get("status") == "measured":
+            return e
+    return None
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ms = [(r, primary(r)) for r in rows]
+    ms = [(r, e) for r, e in ms if e and e.get("predicted")]
+    ratios = [e["predicted"] / e["measured"] for _, e in ms]
+    out: dict[str, Any] = {"rows": len(rows), "measured": len(ms)}
+    if ratios:
+        out.update(within_band=sum(0.8 <= x <= 1.25 for x in ratios), median_abs_log=round(statistics.median(
+            [abs(math.log(x)) for x in ratios]), 3), median_ratio=round(statistics.median(ratios), 3),
+            in_interval=sum(bool(e.get("in_interval")) for _, e in ms),
+            fix_gains_105=sum(e["measured"] >= 1.05 for _, e in ms))
+    nx = [e for r in rows for e in r.get("applied") or [] if e["variant"] == "next" and e.get("status") == "measured"]
+    if nx:
+        out["next"] = [{"finding": e["finding"], "predicted": e["predicted"], "measured": e["measured"]} for e in nx]
+    out["gil_false_alarms"] = [r["job"] for r in rows if "gil.contention" in r.get("expect_not", ())
+                               and r.get("gil_claimed")]
+    out["expected_missed"] = [r["job"] for r in rows if r.get("expect") and r.get("top") != r["expect"]]
+    return out
+
+
+def render(leds: list[dict[str, Any]]) -> str:
+    out = ["## Results", "",
+           "Generated by `python benchmarks/public_ledger.py --render` from `tests/data/ledger/public/*.json`.",
+           "`predicted` is the top finding's expected speedup and interval as printed during the run; "
+           "`measured` is the median after/before ratio over the interleaved repetitions, with the 95% "
+           "interval of their geometric mean.", ""]
+    for led in leds:
+        m = led["meta"]
+        out += [f"### {m['kind'].upper()}: {m.get('gpu') or 'no GPU'}, {m['cpus']} CPUs", "",
+                f"`{m['command']}` (torch {m.get('torch')}; load average at start "
+                f"{', '.join(f'{x:.2f}' for x in m['loadavg_start'])}; {m['wall_s']:.0f} s; {m['when']})", "",
+                "| job | top finding | predicted (interval) | fix applied | measured (95% interval), reps | pred/meas |",
+                "|---|---|---|---|---|---|"]
+        for r in led["rows"]:
+            if r.get("error"):
+                out.append(f"| {r['job']} | error | | {r['error'][:100]} | | |")
+                continue
+            top = r.get("top") or "none"
+            tf = next((f for f in r.get("findings", []) if f["id"] == r.get("top")), None)
+            pred = f"{tf['expected_speedup']:.2f}x ({tf['interval'][0]:.2f}-{tf['interval'][1]:.2f})" if tf else ""
+            if r.get("gil_claimed") and "gil.contention" in r.get("expect_not", ()):
+                top += " (GIL false alarm)"
+            if not r.get("applied"):
+                out.append(f"| {r['job']} | {top} | {pred} | {r.get('status')} | | |")
+                continue
+            for e in r["applied"]:
+                knobs = ", ".join(f"{k}={v}" for k, v in e["knobs"].items())
+                via = []
+                if e.get("injected"):
+                    via.append("injected")
+                if e.get("argv_added"):
+                    via.append("flag " + " ".join(e["argv_added"]))
+                if e.get("not_applied"):
+                    via.append("not applied: " + ", ".join(e["not_applied"]))
+                label = f"{knobs} ({'; '.join(via)})" + {"plan": " [plan]", "next": f" [next finding: {e.get('finding')}]"}.get(e["variant"], "")
+                if e["variant"] != "top" and e.get("predicted"):
+                    iv = e.get("interval") or [e["predicted"]] * 2
+                    pred = f"{e['predicted']:.2f}x ({iv[0]:.2f}-{iv[1]:.2f})"
+                if e.get("status") != "measured":
+                    out.append(f"| {r['job']} | {top} | {pred} | {label} | {e.get('status')} | |")
+                    continue
+                lo, hi = e["measured_interval"]
+                pm = f"{e['pred_over_meas']:.2f}" if e.get("pred_over_meas") else ""
+                out.append(f"| {r['job']} | {top} | {pred} | {label} | {e['measured']:.2f}x ({lo:.2f}-{hi:.2f}), "
+                           f"{e['reps']} | {pm} |")
+        s = summary([r for r in led["rows"] if not r.get("error")])
+        out += [""]
+        if s.get("measured"):
+            out += [f"Measured rows: {s['measured']} of {s['rows']}; pred/meas within 0.8-1.25: "
+                    f"{s['within_band']} of {s['measured']}; median |log(pred/meas)|: {s['median_abs_log']:.3f}; "
+                    f"median pred/meas: {s['median_ratio']:.2f}; measured inside the printed interval: "
+                    f"{s['in_interval']} of {s['measured']}; top fix measured >= 1.05x: {s['fix_gains_105']} of "
+                    f"{s['measured']}."]
+        out += [f"gil.contention on a job whose background threads hold no GIL: "
+                f"{', '.join(s['gil_false_alarms']) or 'none'}. Jobs whose known finding did not come first: "
+                f"{', '.join(s['expected_missed']) or 'none'}.", ""]
+    return "\n".join(out) + "\n"
+
+
+def to_tests(paths: list[Path]) -> None:
+    """Copy ledgers and their bundles into tests/data/ledger/public/, with each bundle's top finding
+    under the current rules (what tests/replay/test_public_ledger.py checks stays stable)."""
+    (TESTS / "bundles").mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        led = json.loads(path.read_text())
+        for r in led["rows"]:
+            if not r.get("bundle"):
+                continue
+            src = path.parent / r["bundle"]
+            if not src.exists():
+                r["bundle_missing"] = True
+                continue
+            if src.stat().st_size > 400_000:
+                r["bundle_skipped"] = f"{src.stat().st_size} bytes"
+                continue
+            shutil.copy(src, TESTS / "bundles" / src.name)
+            rep = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(src), "--json"], cwd=REPO,
+                                 capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+            fs = json.loads(rep.stdout).get("findings") or [] if rep.stdout.strip() else []
+            r["replay_top"] = fs[0]["id"] if fs else None
+            r["replay_findings"] = brief(fs)
+            r["bundle"] = f"bundles/{src.name}"
+        dst = TESTS / f"public-ledger-{led['meta']['kind']}.json"
+        dst.write_text(json.dumps(led, indent=1))
+        print(f"{dst}: {len(led['rows'])} rows")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=("cpu", "gpu"))
+    ap.add_argument("--jobs", default=None, help="comma-separated job names (default: all of the kind)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--fetch", action="store_true", help="extract the pinned sources from the mirrors into .public/src")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per run")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds after a resume before timing")
+    ap.add_argument("--duration", type=float, default=5.0, help="the diagnosis window")
+    ap.add_argument("--min-reps", type=int, default=3)
+    ap.add_argument("--max-reps", type=int, default=8)
+    ap.add_argument("--target", type=float, default=0.05, help="half-width of the 95%% interval, log units")
+    ap.add_argument("--warmup-scale", type=float, default=1.0)
+    ap.add_argument("--budget", type=float, default=840.0, help="no job starts after this many seconds")
+    ap.add_argument("--job-seconds", type=float, default=150.0, help="a job's repetitions stop after this")
+    ap.add_argument("--to-tests", nargs="*", default=None)
+    ap.add_argument("--render", action="store_true", help="print the results section from tests/data")
+    ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
+    a = ap.parse_args()
+    if a.fetch:
+        fetch_sources()
+        return 0
+    if a.to_tests is not None:
+        to_tests([Path(p) for p in a.to_tests])
+        return 0
+    if a.render:
+        leds = [json.loads(p.read_text()) for p in sorted(TESTS.glob("public-ledger-*.json"))]
+        print(render(leds), end="")
+        return 0
+    if not a.kind:
+        ap.error("--kind is required")
+    jobs = all_jobs(a.kind)
+    if a.jobs:
+        want = a.jobs.split(",")
+        jobs = [j for n in want for j in jobs if j.name == n]
+    if a.dry_run:
+        for j in jobs:
+            print(f"{j.name} [{j.repo}@{j.commit[:10]}] {' '.join(j.command())}\n  {j.what}")
+        return 0
+    out = Path(a.out or os.environ.get("OUT") or f"public-ledger-{a.kind}-out")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": a.kind, **machine_note(), "seconds": a.seconds, "duration": a.duration,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python benchmarks/public_ledger.py " + " ".join(sys.argv[1:])}
+    t_start = time.time()
+    rows = []
+    path = out / f"public-ledger-{a.kind}.json"
+    for j in jobs:
+        if time.time() - t_start > a.budget:
+            rows.append({"job": j.name, "repo": j.repo, "commit": j.commit, "error": "skipped: over the time budget"})
+            continue
+        print(f"[public-ledger {time.strftime('%H:%M:%S')}] {j.name}", file=sys.stderr, flush=True)
+        deadline = min(t_start + a.budget + 60, time.time() + a.job_seconds)
+        try:
+            rows.append(run_job(j, out, a, deadline))
+        except Exception as exc:  # noqa: BLE001 - one broken job never sinks the ledger
+            rows.append({"job": j.name, "repo": j.repo, "commit": j.commit, "error": f"{type(exc).__name__}: {exc}"[:3000]})
+        r = rows[-1]
+        e = primary(r) or {}
+        print(f"  -> top {r.get('top')} predicted {e.get('predicted')} measured {e.get('measured')} "
+              f"{e.get('measured_interval')} {r.get('status', '')} {r.get('error', '')[:300]}", file=sys.stderr, flush=True)
+        meta["wall_s"] = time.time() - t_start
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta["loadavg_end"] = os.getloadavg()
+    meta["wall_s"] = time.time() - t_start
+    led = {"meta": meta, "rows": rows, "summary": summary([r for r in rows if not r.get("error")])}
+    path.write_text(json.dumps(led, indent=1))
+    print(render([led]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
