@@ -62,7 +62,8 @@ def _odd_trace(mode: str = "starved") -> str:
 def odd():
     """(report with its visuals, profile) from the planted trace, through the real parsers and rules."""
     mode = "starved"
-    cap = capture_from_chrometrace(_odd_trace(mode), h200_pid(mode), source_remap={"/srv/train/": str(H200 / "src") + "/"})
+    cap = capture_from_chrometrace(_odd_trace(mode), h200_pid(mode),
+                                   source_remap={"/srv/train/": str(H200 / "src") + "/"})
     start = nvml(mode)["started_unix_us"] / 1e6
     cap.meta["launch_unix"] = start
     window = {"start_unix": start - 4.0, "seconds": 8.3}
