@@ -14,6 +14,7 @@ Layout, as a directory or inside a .tar.gz (under one top folder):
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -21,12 +22,11 @@ import re
 import stat
 import tarfile
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainprobe.agent import __version__
-from trainprobe.probes.parsers import redact
+from trainprobe.probes.parsers import redact, safejson
 from trainprobe.probes.base import Capture
 
 SCHEMA = "trainprobe.bundle/1"
@@ -37,6 +37,9 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 MAX_MEMBER_BYTES = 256 << 20
 MAX_TOTAL_BYTES = 1 << 30
 MAX_MEMBERS = 512
+# Every JSON document of a bundle (members, and the JSON artifacts inside captures) together: the
+# values they may hold, so a few MB of `[{},{},...]` cannot become GBs of objects (safejson).
+MAX_BUNDLE_VALUES = 4_000_000
 _MEMBER = re.compile(r"^(bundle\.json|report\.json|captures/[A-Za-z0-9_.\-]{1,80}\.json)$")
 
 
@@ -149,141 +152,235 @@ def valid_member(name: Any) -> bool:
 
 
 def _read_archive(path: str) -> dict[str, bytes]:
-    """Every regular file of the archive, by its path below the bundle's top folder (read in
-    memory: nothing is extracted to disk, so member names cannot escape anywhere). Links and
-    other special members are ignored; sizes are capped."""
-    out: dict[str, bytes] = {}
-    try:
-        with tarfile.open(path, "r:gz") as tar:
-            members = []
-            total = 0
-            for n, m in enumerate(tar):
-                if n >= MAX_MEMBERS:
-                    raise BundleError(f"{path}: more than {MAX_MEMBERS} members: not a trainprobe bundle")
-                if m.name.startswith("/") or ".." in m.name.split("/"):
-                    raise BundleError(f"{path}: unsafe member name {m.name!r} (absolute or with ..)")
-                if not m.isfile():
-                    continue
-                if m.size > MAX_MEMBER_BYTES:
-                    raise BundleError(f"{path}: {m.name} is larger than {MAX_MEMBER_BYTES >> 20} MiB")
-                total += m.size
-                if total > MAX_TOTAL_BYTES:
-                    raise BundleError(f"{path}: larger than {MAX_TOTAL_BYTES >> 20} MiB in all")
-                members.append(m)
-            index = [m for m in members if m.name.rstrip("/").split("/")[-1] == INDEX]
-            if not index:
-                raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX} inside)")
-            prefix = index[0].name[: -len(INDEX)]
-            for m in members:
-                if not m.name.startswith(prefix) or not valid_member(m.name[len(prefix):]):
-                    continue
-                fh = tar.extractfile(m)
-                if fh is not None:
-                    out[m.name[len(prefix):]] = fh.read(MAX_MEMBER_BYTES + 1)
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        why = " ".join(str(exc).split()) or type(exc).__name__
-        raise BundleError(f"cannot read the bundle {path} (a gzip-compressed tar archive): {why}") from None
-    return out
+    """The bundle's members, by their path below the bundle's top folder, read in memory by the
+    bounded tar reader (agent.tarread): nothing is extracted to disk, so member names cannot escape
+    anywhere, and every header and size is checked before what it announces is read."""
+    from trainprobe.agent import tarread
 
-
-def _read_member(path: str, name: str, budget: list[int]) -> bytes | None:
-    """One member of a directory bundle: a regular file reached without following a link."""
-    if not valid_member(name):
-        raise BundleError(f"{path}: unsafe member name {name!r} in {INDEX} (only captures/<name>.json)")
-    d = path
-    for comp in name.split("/")[:-1]:
-        d = os.path.join(d, comp)
-        if os.path.islink(d) or not os.path.isdir(d):
-            raise BundleError(f"{path}: {comp}/ is a link or not a directory")
-    full = os.path.join(path, name)
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise BundleError(f"{path}: cannot open {name}: {exc.strerror or exc}") from None
+        raise BundleError(f"cannot read the bundle {path}: {exc.strerror or exc}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BundleError(f"{path}: {name} is not a regular file")
-        if st.st_size > MAX_MEMBER_BYTES:
-            raise BundleError(f"{path}: {name} is larger than {MAX_MEMBER_BYTES >> 20} MiB")
-        budget[0] -= st.st_size
-        if budget[0] < 0:
-            raise BundleError(f"{path}: larger than {MAX_TOTAL_BYTES >> 20} MiB in all")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BundleError(f"cannot read the bundle {path}: not a regular file")
         with os.fdopen(fd, "rb") as fh:
             fd = -1
-            return fh.read(MAX_MEMBER_BYTES + 1)
+            members = tarread.read(fh, _wanted, MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, MAX_MEMBERS)
+    except tarread.TarRefused as exc:
+        raise BundleError(f"cannot read the bundle {path} (a gzip-compressed tar archive): {exc}") from None
+    except OSError as exc:
+        raise BundleError(f"cannot read the bundle {path}: {exc.strerror or exc}") from None
     finally:
         if fd >= 0:
             os.close(fd)
+    index = [n for n in members if n.split("/")[-1] == INDEX]
+    if not index:
+        raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX} inside)")
+    if len(index) > 1:
+        raise BundleError(f"{path}: more than one {INDEX} inside ({', '.join(sorted(index)[:3])}): not one bundle")
+    prefix = index[0][: -len(INDEX)]
+    return {n[len(prefix):]: data for n, data in members.items()
+            if n.startswith(prefix) and valid_member(n[len(prefix):])}
 
 
-def _read_dir(path: str, names: list[str] | None = None, budget: list[int] | None = None) -> dict[str, bytes]:
-    budget = budget if budget is not None else [MAX_TOTAL_BYTES]
-    out: dict[str, bytes] = {}
-    for name in [INDEX] + (names or []):
-        data = _read_member(path, name, budget)
-        if data is not None:
-            out[name] = data
-    return out
+def _wanted(name: str) -> bool:
+    """An archive member worth keeping in memory: a bundle member below some top folder."""
+    parts = name.split("/")
+    return any(valid_member("/".join(parts[i:])) for i in range(max(0, len(parts) - 2), len(parts)))
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_dir(path: str, rel: str = "", dir_fd: int | None = None) -> int:
+    """A directory descriptor for `path` (as named: a link the user named is theirs to follow), then
+    down `rel` one component at a time, never through a link: raises BundleError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        raise BundleError(f"cannot open {path}: {exc.strerror or exc}") from None
+    for comp in [c for c in rel.split("/") if c]:
+        try:
+            nxt = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            why = "a link or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror
+            raise BundleError(f"{path}: {rel}: {comp}/ is {why}") from None
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
+def read_file_at(dir_fd: int, name: str, label: str, max_bytes: int, budget: list[int] | None = None) -> bytes | None:
+    """One file below dir_fd (`a/b.json`): each directory and the file itself opened without
+    following a link, the file a regular one with a single link (a hard link could be any file
+    of this host), at most max_bytes. None when it is not there; BundleError for anything else."""
+    parts = name.split("/")
+    d = dir_fd
+    try:
+        for comp in parts[:-1]:
+            try:
+                nxt = os.open(comp, _DIR_FLAGS, dir_fd=d)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                why = "a link or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror
+                raise BundleError(f"{label}: {comp}/ is {why}") from None
+            if d != dir_fd:
+                os.close(d)
+            d = nxt
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=d)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            why = "a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+            raise BundleError(f"{label}: cannot open {name}: {why}") from None
+    finally:
+        if d != dir_fd:
+            os.close(d)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{label}: {name} is not a regular file")
+        if st.st_nlink != 1:
+            raise BundleError(f"{label}: {name} has {st.st_nlink} hard links (a bundle's files have one)")
+        if st.st_size > max_bytes:
+            raise BundleError(f"{label}: {name} is larger than {max_bytes >> 20} MiB")
+        if budget is not None:
+            budget[0] -= st.st_size
+            if budget[0] < 0:
+                raise BundleError(f"{label}: larger than {MAX_TOTAL_BYTES >> 20} MiB in all")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise BundleError(f"{label}: {name} is larger than {max_bytes >> 20} MiB")
+        return data
+    except OSError as exc:
+        raise BundleError(f"{label}: cannot read {name}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_member(path: str, dir_fd: int, name: str, budget: list[int]) -> bytes | None:
+    """One member of a directory bundle: a regular file reached without following a link."""
+    if not valid_member(name):
+        raise BundleError(f"{path}: unsafe member name {name!r} in {INDEX} (only captures/<name>.json)")
+    return read_file_at(dir_fd, name, path, MAX_MEMBER_BYTES, budget)
+
+
+def _json(data: bytes, what: str, values: list[int]) -> Any:
+    """A member's JSON through the bounded loader; the bundle's documents share one value budget."""
+    try:
+        return safejson.loads(data, what, MAX_MEMBER_BYTES, budget=values)
+    except safejson.JSONLimitError as exc:
+        raise BundleError(str(exc)) from None
+
+
+_PROBE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
+
+
+def _capture(doc: Any, what: str, values: list[int]) -> Capture:
+    """A Capture from a member's JSON, its declared shape checked (a wrong type is refused here,
+    not found by a parser); the JSON artifacts are held to the same caps as the members."""
+    if not isinstance(doc, dict):
+        raise BundleError(f"{what} is not a capture (not a JSON object)")
+    probe, status, reason = doc.get("probe"), doc.get("status", "ok"), doc.get("reason")
+    started, seconds = doc.get("started_unix", 0.0), doc.get("seconds", 0.0)
+    artifacts, provenance, meta = doc.get("artifacts", {}), doc.get("provenance", []), doc.get("meta", {})
+    bad = [k for k, ok in (
+        ("probe", isinstance(probe, str) and bool(_PROBE.match(probe))), ("status", isinstance(status, str)),
+        ("reason", isinstance(reason, (str, type(None)))),
+        ("started_unix", isinstance(started, (int, float)) and not isinstance(started, bool)),
+        ("seconds", isinstance(seconds, (int, float)) and not isinstance(seconds, bool)),
+        ("artifacts", isinstance(artifacts, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in artifacts.items())),
+        ("provenance", isinstance(provenance, list)), ("meta", isinstance(meta, dict))) if not ok]
+    if bad:
+        raise BundleError(f"{what} is not a capture: {', '.join(bad)} of the wrong type")
+    for name, text in artifacts.items():
+        if name.endswith((".json", ".jsonl")):
+            try:
+                n = safejson.check(text, f"{what}: artifact {name}", MAX_MEMBER_BYTES,
+                                   max_values=min(safejson.MAX_VALUES, values[0]))
+            except safejson.JSONLimitError as exc:
+                raise BundleError(str(exc)) from None
+            values[0] -= n
+    return Capture(probe=probe, status=status, reason=reason, started_unix=started, seconds=seconds,
+                   artifacts=dict(artifacts), provenance=list(provenance), meta=dict(meta))
 
 
 def load(path: str) -> Bundle:
+    """A bundle, a directory or a .tar.gz, from anyone: BundleError (one line) for anything that is
+    not one within the caps."""
     if not os.path.exists(path):
         raise BundleError(f"no such bundle: {path}")
     if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, INDEX)):
+        if not os.path.lexists(os.path.join(path, INDEX)):
             raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX}): save one with `diagnose --save`")
+        fd = open_dir(path)
         try:
-            budget = [MAX_TOTAL_BYTES]
-            files = _read_dir(path, budget=budget)
-            index = json.loads(files[INDEX])
-            names = index.get("captures", []) if isinstance(index, dict) else []
-            if not isinstance(names, list) or len(names) > MAX_MEMBERS:
-                raise BundleError(f"{path}: {INDEX} lists no valid captures")
-            files.update(_read_dir(path, list(names) + ["report.json"], budget))
-        except (OSError, ValueError, RecursionError, KeyError) as exc:
-            raise BundleError(f"cannot read the bundle {path}: {exc}") from None
-    else:
-        if not is_archive(path):
-            raise BundleError(f"{path} is not a trainprobe bundle (a directory or a .tar.gz)")
-        files = _read_archive(path)
-        try:
-            index = json.loads(files[INDEX])
-        except (ValueError, RecursionError, KeyError) as exc:
-            raise BundleError(f"cannot read the bundle {path}: {INDEX}: {exc}") from None
+            return load_at(fd, path)
+        finally:
+            os.close(fd)
+    if not is_archive(path):
+        raise BundleError(f"{path} is not a trainprobe bundle (a directory or a .tar.gz)")
+    files = _read_archive(path)
+    return _from_members(path, files.get)
+
+
+def load_at(dir_fd: int, path: str) -> Bundle:
+    """A directory bundle by its open directory (a job bundle's node bundle is reached this way,
+    never through a link); `path` names it in messages."""
+    budget = [MAX_TOTAL_BYTES]
+    return _from_members(path, lambda name: _read_member(path, dir_fd, name, budget))
+
+
+def _from_members(path: str, member: Any) -> Bundle:
+    values = [MAX_BUNDLE_VALUES]
+    raw = member(INDEX)
+    if raw is None:
+        raise BundleError(f"{path} is not a trainprobe bundle (no {INDEX} inside)")
+    index = _json(raw, f"{path}: {INDEX}", values)
     if not isinstance(index, dict) or index.get("schema") != SCHEMA:
         raise BundleError(f"{path}: unknown bundle schema {index.get('schema') if isinstance(index, dict) else None!r}"
                           f" (this trainprobe reads {SCHEMA})")
     names = index.get("captures", [])
-    if not isinstance(names, list) or not all(valid_member(n) for n in names):
+    if not isinstance(names, list) or len(names) > MAX_MEMBERS or not all(valid_member(n) for n in names):
         raise BundleError(f"{path}: {INDEX} lists an unsafe or invalid capture name (only captures/<name>.json)")
+    if len(set(names)) != len(names):
+        raise BundleError(f"{path}: {INDEX} lists a capture twice")
     captures = []
     for name in names:
-        if name not in files:
+        data = member(name)
+        if data is None:
             raise BundleError(f"{path}: {name} is listed but missing")
-        try:
-            doc = json.loads(files[name])
-            if not isinstance(doc, dict) or not isinstance(doc.get("artifacts", {}), dict):
-                raise TypeError("not a JSON object with artifacts")
-            cap = Capture.from_dict(doc)
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise BundleError(f"{path}: {name} is not a capture: {exc}") from None
+        cap = _capture(_json(data, f"{path}: {name}", values), f"{path}: {name}", values)
         # Bundles saved by an older trainprobe, or redaction patterns given now (--redact).
-        cap.artifacts = {k: redact.artifact(k, v) if isinstance(v, str) else v for k, v in cap.artifacts.items()}
+        cap.artifacts = {k: redact.artifact(k, v) for k, v in cap.artifacts.items()}
         cap.provenance = redact.value(cap.provenance)
         captures.append(cap)
     report = None
-    if "report.json" in files:
+    data = member("report.json")
+    if data is not None:
         try:
-            report = redact.value(json.loads(files["report.json"]))
-        except (ValueError, RecursionError):
-            report = None
+            report = redact.value(_json(data, f"{path}: report.json", values))
+        except BundleError:
+            report = None                       # the live run's report is optional: only compared
     context, overhead, notes, tool = (index.get(k) for k in ("context", "overhead", "notes", "tool"))
     if not all(isinstance(x, (dict, type(None))) for x in (context, overhead, tool)) or \
             not isinstance(notes, (list, type(None))):
         raise BundleError(f"{path}: {INDEX} is malformed (context, overhead, tool must be objects, notes a list)")
+    saved, version = index.get("saved_unix"), (tool or {}).get("version")
     return Bundle(captures=captures, context=redact.value(dict(context or {})), overhead=dict(overhead or {}),
                   notes=[str(n) for n in redact.value(list(notes or []))], report=report,
-                  saved_unix=index.get("saved_unix"), tool_version=(tool or {}).get("version"), path=path)
+                  saved_unix=saved if isinstance(saved, (int, float)) and not isinstance(saved, bool) else None,
+                  tool_version=version if isinstance(version, str) else None, path=path)

@@ -8,7 +8,6 @@ what srun and Slurm said about it; the others stand.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainprobe.agent.target import EXIT_BAD_INPUT, UserError
-from trainprobe.probes.parsers import redact
+from trainprobe.probes.parsers import redact, safejson
 
 LAUNCH_GRACE_S = 45.0        # srun start-up, the agent's imports and probe set-up and teardown
 FRAME_BEGIN, FRAME_END = "<trainprobe-node>", "</trainprobe-node>"
@@ -108,8 +107,11 @@ def fan_out(job_id: str, nodes: list[str], node_args: list[str], timeout_s: floa
     err_lines: list[str] = []
 
     def pump(stream, sink):
-        for line in stream:
-            sink.append(line.rstrip("\n"))
+        kept = 0
+        for line in stream:       # drained to the end, kept up to what one payload may hold
+            kept += len(line)
+            if kept <= safejson.MAX_BYTES:
+                sink.append(line.rstrip("\n"))
 
     readers = [threading.Thread(target=pump, args=(proc.stdout, out_lines), daemon=True),
                threading.Thread(target=pump, args=(proc.stderr, err_lines), daemon=True)]
@@ -153,8 +155,8 @@ def fan_out(job_id: str, nodes: list[str], node_args: list[str], timeout_s: floa
         a, b = text.find(FRAME_BEGIN), text.rfind(FRAME_END)
         if a < 0 or b < a:
             continue
-        try:
-            p = json.loads(text[a + len(FRAME_BEGIN):b])
+        try:      # a node's payload is another machine's word: bounded size and depth (safejson)
+            p = safejson.loads(text[a + len(FRAME_BEGIN):b], f"node task {task}")
         except ValueError:
             continue
         if isinstance(p, dict) and p.get("node"):

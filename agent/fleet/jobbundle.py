@@ -19,6 +19,7 @@ from typing import Any
 from trainprobe.agent import __version__, bundle
 from trainprobe.reports import output
 from trainprobe.probes.base import Capture
+from trainprobe.probes.parsers import safejson
 
 SCHEMA = "trainprobe.job-bundle/1"
 INDEX = "job.json"
@@ -81,41 +82,101 @@ def save(path: str, job_report: dict[str, Any], payloads: list[dict[str, Any]]) 
     return path
 
 
+_NODE_KEYS = ("node", "hostname", "status", "reason", "exit_code", "slurm_state", "slurmd_alive", "slurmd_note",
+              "job_processes")
+_TARGET_KEYS = ("status", "reason", "exit_code")
+_REL = re.compile(r"^nodes/[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
+
+
+def _scalar(v: Any) -> Any:
+    """A value of job.json that merge prints: kept if a plain scalar, else its text (a job bundle
+    comes from someone else: a list where a status belongs is not followed anywhere)."""
+    return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)[:200]
+
+
+def _target(t: Any) -> dict[str, Any]:
+    t = t if isinstance(t, dict) else {}
+    target = t.get("target") if isinstance(t.get("target"), dict) else {}
+    ranks = target.get("ranks") if isinstance(target.get("ranks"), list) else []
+    return {"target": {**{k: _scalar(v) for k, v in target.items() if k != "ranks"},
+                       "ranks": [{k: _scalar(v) for k, v in r.items()} for r in ranks
+                                 if isinstance(r, dict) and isinstance(r.get("pid"), int)]},
+            **{k: _scalar(t.get(k)) for k in _TARGET_KEYS}, "bundle": t.get("bundle")}
+
+
+def read_index(path: str, root_fd: int) -> dict[str, Any]:
+    """job.json: a regular file of the job bundle (never a link, a FIFO or a device), bounded JSON."""
+    raw = bundle.read_file_at(root_fd, INDEX, path, bundle.MAX_MEMBER_BYTES)
+    if raw is None:
+        raise bundle.BundleError(f"{path}: no {INDEX}")
+    try:
+        index = safejson.loads(raw, f"{path}: {INDEX}", bundle.MAX_MEMBER_BYTES)
+    except safejson.JSONLimitError as exc:
+        raise bundle.BundleError(f"cannot read the job bundle {path}: {exc}") from None
+    if not isinstance(index, dict) or index.get("schema") != SCHEMA:
+        got = index.get("schema") if isinstance(index, dict) else None
+        raise bundle.BundleError(f"{path}: unknown job bundle schema {got!r} (this trainprobe reads {SCHEMA})")
+    nodes = index.get("nodes", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("targets", []), list)
+                                             for n in nodes) or len(nodes) > 4096:
+        raise bundle.BundleError(f"{path}: {INDEX} is malformed (nodes must be a list of objects with targets)")
+    return index
+
+
 def rediagnose(path: str) -> dict[str, Any]:
-    """The job report again, from the bundle alone."""
+    """The job report again, from the bundle alone. A node bundle that cannot be read (a link, a
+    FIFO, a bad member, over a cap) fails that target with its one line; the other nodes stand."""
     from trainprobe.agent import diagnosis
     from trainprobe.agent.fleet.merge import merge
     from trainprobe.agent.fleet.rows import rank_rows
 
+    root_fd = bundle.open_dir(path)
     try:
-        with open(os.path.join(path, INDEX)) as fh:
-            index = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise bundle.BundleError(f"cannot read the job bundle {path}: {exc}") from None
-    if index.get("schema") != SCHEMA:
-        raise bundle.BundleError(f"{path}: unknown job bundle schema {index.get('schema')!r} (this trainprobe reads {SCHEMA})")
-    payloads = []
-    for n in index.get("nodes", []):
-        p = {k: v for k, v in n.items() if k != "targets"}
-        p["targets"] = []
-        for t in n.get("targets", []):
-            entry = {"target": t.get("target"), "status": t.get("status"), "reason": t.get("reason"),
-                     "exit_code": t.get("exit_code")}
-            if t.get("bundle"):
-                full = os.path.normpath(os.path.join(path, t["bundle"]))
-                if not full.startswith(os.path.normpath(path) + os.sep):
-                    raise bundle.BundleError(f"{path}: node bundle {t['bundle']!r} points outside the job bundle")
-                b = bundle.load(full)
-                rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead,
-                                                b.context.get("session_notes") or [])
-                entry["report"] = rep
-                entry["rows"] = rank_rows(ev, rep, (t.get("target") or {}).get("ranks") or [], n["node"])
-            p["targets"].append(entry)
-        payloads.append(p)
-    job = index.get("job") or {}
-    rep = merge(job.get("id", "?"), payloads, (index.get("window") or {}).get("seconds"), nodes=job.get("nodes"),
-                notes=[x for x in index.get("notes", []) if x.startswith("srun")])
+        index = read_index(path, root_fd)
+        payloads, skipped = [], []
+        for n in index.get("nodes", []):
+            p = {k: _scalar(n.get(k)) for k in _NODE_KEYS}
+            p["node"] = str(p["node"]) if p["node"] is not None else "?"
+            p["targets"] = []
+            for raw in n.get("targets", []):
+                t = _target(raw)
+                entry = {k: t[k] for k in ("target", *_TARGET_KEYS)}
+                rel = t["bundle"]
+                if rel:
+                    try:
+                        if not isinstance(rel, str) or not _REL.match(rel):
+                            raise bundle.BundleError(f"{path}: node bundle {str(rel)[:100]!r} is not "
+                                                     f"nodes/<node>/<pid> inside the job bundle")
+                        fd = bundle.open_dir(path, rel)
+                        try:
+                            b = bundle.load_at(fd, os.path.join(path, rel))
+                        finally:
+                            os.close(fd)
+                        if not isinstance(b.context.get("window"), dict):
+                            raise bundle.BundleError(f"{os.path.join(path, rel)}: no diagnosis window in its context")
+                        rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead,
+                                                        b.context.get("session_notes") or [])
+                    except bundle.BundleError as exc:
+                        entry.update(status="failed", reason=f"its bundle was not read: {exc}", exit_code=2)
+                        skipped.append(f"node {p['node']}: bundle skipped: {exc}")
+                    else:
+                        entry["report"] = rep
+                        entry["rows"] = rank_rows(ev, rep, t["target"]["ranks"], p["node"])
+                p["targets"].append(entry)
+            payloads.append(p)
+    finally:
+        os.close(root_fd)
+    job = index.get("job") if isinstance(index.get("job"), dict) else {}
+    window = index.get("window") if isinstance(index.get("window"), dict) else {}
+    notes = index.get("notes") if isinstance(index.get("notes"), list) else []
+    job_nodes = job.get("nodes") if isinstance(job.get("nodes"), list) else None
+    seconds = window.get("seconds")
+    rep = merge(str(_scalar(job.get("id", "?"))), payloads,
+                seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None,
+                nodes=[str(_scalar(x)) for x in job_nodes] if job_nodes is not None else None,
+                notes=[x for x in notes if isinstance(x, str) and x.startswith("srun")] + skipped)
     rep["command"] = "report"
-    rep["source"] = {"job_bundle": path, "saved_unix": index.get("saved_unix"),
-                     "saved_by_version": (index.get("tool") or {}).get("version")}
+    tool = index.get("tool") if isinstance(index.get("tool"), dict) else {}
+    rep["source"] = {"job_bundle": path, "saved_unix": _scalar(index.get("saved_unix")),
+                     "saved_by_version": _scalar(tool.get("version"))}
     return rep

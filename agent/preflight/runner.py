@@ -8,7 +8,6 @@ so a replay goes through the same parser and the same checks as the live run.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -20,6 +19,7 @@ from trainprobe.agent.preflight.engine import RAW_SCHEMA, CheckSpec, Context, Re
 from trainprobe.agent.preflight.profile import matches
 from trainprobe.probes.base import Capture, ReadingProbe, WatchSpec, merge_read, read_outcome, run_read
 from trainprobe.probes.errors import BadInput
+from trainprobe.probes.parsers import safejson
 from trainprobe.probes.host import host_identity
 from trainprobe.probes.registry import probe_classes
 
@@ -219,12 +219,12 @@ def load_replay(path: str) -> dict[str, Any]:
     if bundle.is_bundle(path):
         return raw_from_bundle(path)
     try:
-        with open(path) as fh:
-            raw = json.load(fh)
+        with open(path, "rb") as fh:
+            raw = safejson.loads(fh.read(safejson.MAX_BYTES + 1), path)
     except OSError as exc:
         raise BadInput(f"cannot read replay file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{path}: not a JSON file: {exc}") from None
+    except ValueError as exc:          # not JSON, or over safejson's caps: one line naming the path
+        raise BadInput(f"not a JSON file: {exc}") from None
     if not isinstance(raw, dict) or raw.get("schema") != RAW_SCHEMA:
         raise BadInput(f"{path}: not a preflight raw file (schema {RAW_SCHEMA}) or bundle; save one with --save")
     return raw
