@@ -15,7 +15,7 @@ import math
 from typing import Any, Mapping, Sequence, TextIO
 
 from trainprobe.reports import flamegraph, xmlsafe
-from trainprobe.reports.output import fmt_value
+from trainprobe.reports.values import fmt_value
 
 CATEGORY_COLOURS = {
     "data_wait": "#d62728", "data_load": "#ff7f0e", "h2d_copy": "#9467bd", "host_sync": "#8c564b",

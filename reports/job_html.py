@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainprobe.reports import xmlsafe
-from trainprobe.reports.output import fmt_value
+from trainprobe.reports.values import fmt_value
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}
 td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}td.l,th.l{text-align:left}

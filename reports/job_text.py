@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, TextIO
 
-from trainprobe.reports.output import fmt_value
+from trainprobe.reports.values import fmt_value
 from trainprobe.reports.text import WIDTH, Style, use_color
 
 

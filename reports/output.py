@@ -5,8 +5,9 @@ written in every view, and the one way a file is written.
   `render(doc, stream)`. Commands pick a form by name (`emit` to a stream, `save` to a file) and
   never import a renderer themselves, so each option (`--json`, `--html FILE`, `-o FILE`,
   `--format`, `--prometheus FILE`, `--textfile PATH`) means the same renderer everywhere.
-- Values: `fmt_value` writes a number, a flag or a missing value the same way in the terminal,
-  HTML, job and preflight views (yes/no, "-" for none, the same digits).
+- Values are written by reports/values.py (`fmt_value`, `terminal_safe`), the module under every
+  renderer: this module imports the renderers, and no renderer imports this module. A text form
+  is encoded with every lone surrogate written as a visible `\\udcxx` escape, never refused.
 - Files: a path is resolved without following links that another user owns; a new file is created
   beside the destination (O_CREAT|O_EXCL|O_NOFOLLOW, an unpredictable name), written, fsynced, given
   its final mode, then renamed over the destination: a reader never sees half a file, and a link
@@ -17,13 +18,11 @@ written in every view, and the one way a file is written.
   command line) gives mode 0600; `private=False` (metrics files other tools read) gives 0644. Run
   as root under sudo, the file (and a directory this module creates) is chowned to
   SUDO_UID/SUDO_GID, so the operator's own directory holds no root-owned output.
-- The terminal: strings from the target are shown with their control characters escaped.
 """
 from __future__ import annotations
 
 import errno
 import io
-import json
 import os
 import re
 import secrets
@@ -33,6 +32,10 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TextIO, TypedDict
+
+# Re-exported: the commands and the CLI write values and escape strings through these names.
+from trainprobe.reports.values import (MULTILINE_FIELDS, encode_text, fmt_value, printable,  # noqa: F401
+                                       terminal_safe, terminal_safe_value)
 
 PRIVATE_MODE = 0o600
 PUBLIC_MODE = 0o644
@@ -300,7 +303,7 @@ def write(path: str, data: str | bytes, private: bool = True) -> str:
     """Write `data` to `path` as described above: atomically as a file with the mode and owner of its
     kind, or into this run's own stream. Raises OSError, whose strerror is one line for the user."""
     if isinstance(data, str):
-        data = data.encode("utf-8")
+        data = encode_text(data)
     dest = _locate(path)
     try:
         kind = _kind(dest, path)
@@ -378,33 +381,6 @@ def check_path(path: str, directory: bool = False) -> str | None:
     finally:
         dest.close()
     return None
-
-
-# -- values --------------------------------------------------------------------------------------
-def fmt_value(v: Any, unit: str | None = None) -> str:
-    """One value as every view writes it: a flag as yes/no, a missing value as "-", a list or a
-    mapping as JSON, a number by its `unit`: "%" a share (0.42 -> 42%), "x" a speedup (2.00x),
-    "s" a duration (12.5 ms, 3.20 s), none: two decimals up to 1, three digits below 1000, then
-    whole numbers with thousands separators."""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if v is None:
-        return "-"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, default=str)
-    if not isinstance(v, (int, float)):
-        return str(v)
-    if unit == "%":
-        return f"{100 * v:.0f}%"
-    if unit == "x":
-        return f"{v:.2f}x"
-    if unit == "s":
-        return f"{v * 1000:.1f} ms" if v < 1 else f"{v:.2f} s"
-    if isinstance(v, int):
-        return str(v)
-    if 0 < abs(v) <= 1.0:
-        return f"{v:.2f}"
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
 # -- forms: which renderer draws which output ------------------------------------------------------
@@ -543,8 +519,26 @@ def format_for(kind: str, fmt: str | None, path: str | None, default: str) -> st
 
 
 def emit(kind: str, fmt: str, doc: Any, stream: TextIO) -> None:
-    """Draw `doc` in one form onto a stream (stdout, stderr)."""
-    form(kind, fmt).render(doc, stream)
+    """Draw `doc` in one form onto a stream (stdout, stderr). A character the stream's encoding
+    cannot carry (a lone surrogate from a name that was not UTF-8) is written as a visible escape."""
+    buf = _StreamBuffer(stream)
+    form(kind, fmt).render(doc, buf)
+    stream.write(printable(buf.getvalue(), getattr(stream, "encoding", None)))
+
+
+class _StreamBuffer(io.StringIO):
+    """A form drawn for `stream`, held until it is escaped for the stream's encoding: a renderer
+    still asks the stream itself whether it is a terminal (colours)."""
+
+    def __init__(self, stream: TextIO):
+        super().__init__()
+        self._stream = stream
+
+    def isatty(self) -> bool:
+        try:
+            return bool(self._stream.isatty())
+        except (AttributeError, ValueError, OSError):
+            return False
 
 
 def save(kind: str, fmt: str, doc: Any, path: str) -> str:
@@ -553,37 +547,3 @@ def save(kind: str, fmt: str, doc: Any, path: str) -> str:
     buf = io.StringIO()
     f.render(doc, buf)
     return write(path, buf.getvalue(), private=f.private)
-
-
-# -- the terminal --------------------------------------------------------------------------------
-# Target-controlled strings (argv, thread names, frame names, file names) may hold ANSI escapes or
-# control characters that would move the cursor, rewrite earlier lines or retitle the terminal.
-# They are shown escaped (`\x1b`), along with C1 controls and Unicode bidirectional overrides.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROL_NL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\n]")
-# Fields whose text the rules write over several lines (code to change, a wrapper script).
-MULTILINE_FIELDS = frozenset({"change", "command", "script"})
-
-
-def _esc(m: re.Match[str]) -> str:
-    c = m.group(0)
-    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-
-
-def terminal_safe(s: str, multiline: bool = False) -> str:
-    """`s` with control characters and escapes shown escaped (newlines kept when `multiline`)."""
-    if not isinstance(s, str):
-        return s
-    return (_CONTROL if multiline else _CONTROL_NL).sub(_esc, s)
-
-
-def terminal_safe_value(obj: Any, key: str | None = None) -> Any:
-    """terminal_safe applied to every string of a report (and to its keys)."""
-    if isinstance(obj, str):
-        return terminal_safe(obj, multiline=key in MULTILINE_FIELDS)
-    if isinstance(obj, dict):
-        return {terminal_safe(k) if isinstance(k, str) else k: terminal_safe_value(v, k if isinstance(k, str) else None)
-                for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [terminal_safe_value(v, key) for v in obj]
-    return obj

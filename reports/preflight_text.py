@@ -4,7 +4,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, TextIO
 
-from trainprobe.reports.output import fmt_value
+from trainprobe.reports.values import fmt_value
 from trainprobe.reports.text import Style, use_color
 
 ORDER = {"critical": 0, "warn": 1, "unknown": 2, "ok": 3}
@@ -22,7 +22,7 @@ def _status(st: Style, s: str) -> str:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None, verbose: bool = False) -> None:
-    from trainprobe.reports.output import terminal_safe_value
+    from trainprobe.reports.values import terminal_safe_value
 
     report = terminal_safe_value(report)    # device names, mount points, messages from the host
     st = Style(use_color(stream) if color is None else color)

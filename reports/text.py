@@ -5,7 +5,7 @@ import os
 import textwrap
 from typing import Any, TextIO
 
-from trainprobe.reports.output import fmt_value
+from trainprobe.reports.values import fmt_value
 
 WIDTH = 100
 
@@ -89,7 +89,7 @@ def _gpu_line(gpu: dict[str, Any] | None) -> str | None:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
-    from trainprobe.reports.output import terminal_safe_value
+    from trainprobe.reports.values import terminal_safe_value
 
     # Every string of the report may come from the target (argv, thread and frame names): escaped.
     report = terminal_safe_value(report)

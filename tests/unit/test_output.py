@@ -93,7 +93,8 @@ def test_folded_form_draws_the_difference_when_given_a_before():
 def test_fmt_value():
     assert (fmt_value(True), fmt_value(False), fmt_value(None)) == ("yes", "no", "-")
     assert (fmt_value(0.4567), fmt_value(12.345), fmt_value(4321.0), fmt_value(0.0)) == ("0.46", "12.3", "4,321", "0")
-    assert (fmt_value(7), fmt_value("x"), fmt_value([1, "a"])) == ("7", "x", '[1, "a"]')
+    assert (fmt_value(7), fmt_value("x"), fmt_value([1, "a"])) == ("7", "x", "1, a")
+    assert fmt_value({"proc_reads": 28, "samples": 8, "mean": 1.41147}) == "proc_reads 28, samples 8, mean 1.41"
     assert (fmt_value(0.42, "%"), fmt_value(2.0, "x"), fmt_value(0.0125, "s"), fmt_value(3.2, "s")) == \
         ("42%", "2.00x", "12.5 ms", "3.20 s")
     assert (fmt_value(None, "%"), fmt_value(None, "x"), fmt_value(True, "%")) == ("-", "-", "yes")
