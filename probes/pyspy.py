@@ -1,4 +1,5 @@
-"""py-spy probe: Python stacks of the training process and its DataLoader workers over the window.
+"""py-spy probe: Python stacks of the training process and its DataLoader workers over the window,
+and which thread of the training process held the GIL.
 
 Runs `py-spy record --nonblocking --idle --threads --subprocesses -f chrometrace` against the
 target. Non-blocking sampling reads the target's memory without stopping it: blocking mode
@@ -7,12 +8,23 @@ several-fold. `--idle` keeps threads that wait (a training loop blocked on the w
 "idle" to py-spy). After the window it reads the source lines of the user-code leaf frames, so
 `x = x.cuda()` or `loss.item()` can be told apart from other time. Cost: py-spy's own CPU (a few
 percent of one core at 50 Hz) and no pause of the target.
+
+Beside it, a second `py-spy record --gil --nonblocking --threads -f speedscope` samples the training
+process at a low rate (GIL_SAMPLES a window: 10 Hz over 10 s): py-spy keeps of each sample only the thread that held the GIL,
+read from the interpreter's state, so each thread's GIL-holding share is measured, not guessed
+from its frames. It unwinds one stack a sample (0.15 ms measured, whatever the thread count), so it
+costs about 0.03 CPU-s per 10 s window. At the window's start and end the probe reads the training
+process's per-thread CPU time and run-queue delay (/proc/PID/task/TID/{stat,schedstat}): with them
+the training thread's off-CPU time is split by where its frames were (allocate_waits), and a
+thread is idle when the OS says it slept, not when its frames look idle. On a free-threaded build
+(python3.13t) there is no GIL and no GIL sampler runs.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -75,6 +87,35 @@ MIN_WORKER_RATE_HZ = 2
 MAX_WORKER_RATE_HZ = 10
 MAX_WORKER_SAMPLERS = 2        # concurrent per-worker samplers (RSS: PYSPY_RSS_MB each)
 WORKER_SHARE = 0.4             # of the probe's CPU, for workers, when the job has workers
+# The GIL sampler (`record --gil`): py-spy reads which thread holds the GIL and unwinds that one
+# stack. Measured here (benchmarks/bench_gil_sampler.py): start-up 0.017-0.018 CPU-s, then 0.15 ms a
+# sample on a 2-thread torch job and on a 21-thread process alike (the full sampler: 0.57 and 2.3 ms).
+# 10 Hz gives 100 samples per 10 s window (a holder's share to about +-6 points) for 0.033 CPU-s.
+GIL_SAMPLES = 100              # per window, whatever its length (a short window samples faster)
+MIN_GIL_SAMPLES = 40           # the least: a holder at 10% of the window is still seen about 4 times
+MAX_GIL_RATE_HZ = 50
+GIL_FIXED_CPU_S = 0.018
+GIL_SAMPLE_CPU_S = 0.00015
+TASKS_READ_LIMIT = 1024        # threads of the training process whose CPU time is read
+
+
+def gil_rate(window_s: float, samples: int = GIL_SAMPLES) -> int:
+    """The GIL sampler's rate for `samples` over the window: 10 Hz on a 10 s window."""
+    return max(1, min(MAX_GIL_RATE_HZ, math.ceil(samples / max(window_s, 0.5))))
+
+
+def gil_sampler_cost(rate_hz: float, window_s: float) -> float:
+    """CPU-s of the GIL sampler at `rate_hz` over `window_s` (0 when it does not run)."""
+    return GIL_FIXED_CPU_S + rate_hz * max(window_s, 0.5) * GIL_SAMPLE_CPU_S if rate_hz > 0 else 0.0
+
+
+def _gil_plan(threads: int, ranks: tuple[int, ...]) -> str | None:
+    """Why no GIL sampler is planned, or None when one is."""
+    if ranks:
+        return "the target is a launcher: its ranks' GIL is not sampled"
+    if threads <= 1:
+        return "the training process had one thread: no other thread can hold the GIL"
+    return None
 
 
 def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[int, int], cpu_s: float,
@@ -88,7 +129,24 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
     workers = [p for p in processes[1:] if children.get(p) == main]
     per_window = max(window_s, 0.5)
     least = min(max_rate_hz, min_main_rate(window_s))     # a rate asked for below the minimum is kept
-    if ranks or any(children.get(p) not in (None, main) for p in processes[1:]):
+    tree = bool(ranks or any(children.get(p) not in (None, main) for p in processes[1:]))
+    main_sample = sample_cpu_s(threads)
+    least_cost = PYSPY_FIXED_CPU_S + least * per_window * (
+        len(processes) * SAMPLE_CPU_S_SUBPROCESSES if tree else main_sample)
+    # The GIL sampler comes out of the budget first (it is small), at the highest rate that leaves
+    # the training thread its least rate.
+    gil_why = _gil_plan(threads, ranks)
+    if gil_why is None:
+        g_rate = next((g for g in (gil_rate(window_s), gil_rate(window_s, MIN_GIL_SAMPLES))
+                       if cpu_s - gil_sampler_cost(g, window_s) >= least_cost), 0)
+        if not g_rate:
+            gil_why = f"the budget ({cpu_s:.2f} CPU-s) leaves nothing for the GIL sampler"
+    else:
+        g_rate = 0
+    gil_cost = gil_sampler_cost(g_rate, window_s)
+    gil = {"gil_rate_hz": g_rate, "gil_skipped": gil_why}
+    cpu_s -= gil_cost
+    if tree:
         n = len(processes)
         rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * n * SAMPLE_CPU_S_SUBPROCESSES)))
         if rate < least:
@@ -96,10 +154,9 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
             # over the whole tree; the plan's cost then says it is over the budget.
             rate = least
         return {"mode": "subprocesses", "main_pid": main, "main_rate_hz": rate, "workers": [],
-                "worker_rate_hz": rate, "worker_slots": [],
-                "cpu_seconds": PYSPY_FIXED_CPU_S + rate * per_window * n * SAMPLE_CPU_S_SUBPROCESSES}
+                "worker_rate_hz": rate, "worker_slots": [], **gil,
+                "cpu_seconds": PYSPY_FIXED_CPU_S + rate * per_window * n * SAMPLE_CPU_S_SUBPROCESSES + gil_cost}
     main_cpu = cpu_s * (1.0 - WORKER_SHARE) if workers else cpu_s
-    main_sample = sample_cpu_s(threads)
     rate = min(max_rate_hz, int((main_cpu - PYSPY_FIXED_CPU_S) / (per_window * main_sample)))
     if rate < least:
         rate = min(max_rate_hz, int((cpu_s - PYSPY_FIXED_CPU_S) / (per_window * main_sample)))
@@ -107,8 +164,9 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
             return None
     cost = PYSPY_FIXED_CPU_S + rate * per_window * main_sample
     left = cpu_s - cost
+    cost += gil_cost
     plan: dict[str, Any] = {"mode": "per_pid", "main_pid": main, "main_rate_hz": rate, "workers": workers,
-                            "worker_rate_hz": 0, "worker_slots": []}
+                            "worker_rate_hz": 0, "worker_slots": [], **gil}
     k = min(MAX_WORKER_SAMPLERS, len(workers))
     while k > 0:
         slots = -(-len(workers) // k)                      # ceil: every worker gets one slot
@@ -155,25 +213,32 @@ class PySpyProbe(Probe):
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
     cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.4 ms per sample of one process "
-            "(0.12 CPU-s for the training process at 25 Hz over 10 s); the target is never stopped")
+            "(0.12 CPU-s for the training process at 25 Hz over 10 s), and the GIL sampler (0.018 CPU-s plus "
+            "0.15 ms a sample: 0.033 CPU-s at 10 Hz over 10 s); the target is never stopped")
     timeout_s = 15.0
     evidence_schema = PySpyEvidence
     adjustable = True
     budget_priority = 10          # the training thread's stacks come first
-    min_cost_cpu_s = PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * 10 * SAMPLE_CPU_S
+    min_cost_cpu_s = PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * 10 * SAMPLE_CPU_S + gil_sampler_cost(gil_rate(10, MIN_GIL_SAMPLES), 10)
 
     def check(self, spec: WatchSpec) -> Availability:
         return pyspy_availability(spec)
 
     @staticmethod
     def min_cost(window_s: float, threads: int = 1) -> float:
-        """The training process alone at min_main_rate: the least sampling worth a diagnosis."""
-        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * sample_cpu_s(threads) + 1e-6
+        """The training process alone at min_main_rate, and the GIL sampler at its least rate: the least
+        sampling worth a diagnosis."""
+        gil = gil_sampler_cost(gil_rate(window_s, MIN_GIL_SAMPLES), window_s) if threads > 1 else 0.0
+        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * sample_cpu_s(threads) + gil + 1e-6
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))
-        return ProbeCost(PYSPY_FIXED_CPU_S + spec.rate_hz * spec.window_s * n * SAMPLE_CPU_S_SUBPROCESSES,
-                         PYSPY_RSS_MB * (1 + n / 4), f"{n} process(es) at {spec.rate_hz} Hz under one sampler")
+        gil = _gil_plan(job.threads, job.ranks) is None
+        return ProbeCost(PYSPY_FIXED_CPU_S + spec.rate_hz * spec.window_s * n * SAMPLE_CPU_S_SUBPROCESSES
+                         + (gil_sampler_cost(gil_rate(spec.window_s), spec.window_s) if gil else 0.0),
+                         PYSPY_RSS_MB * (1 + n / 4 + gil),
+                         f"{n} process(es) at {spec.rate_hz} Hz under one sampler"
+                         + (f", GIL holder at {gil_rate(spec.window_s)} Hz" if gil else ""))
 
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
         plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz,
@@ -188,7 +253,9 @@ class PySpyProbe(Probe):
                      f"in {len(plan['worker_slots'])} slot(s)")
         elif plan["mode"] == "subprocesses":
             what = f"{len(job.processes)} processes at {plan['main_rate_hz']} Hz under one sampler"
-        return ProbeCost(plan["cpu_seconds"], PYSPY_RSS_MB * (1 + k), what)
+        if plan.get("gil_rate_hz"):
+            what += f", GIL holder at {plan['gil_rate_hz']} Hz"
+        return ProbeCost(plan["cpu_seconds"], PYSPY_RSS_MB * (1 + k + (1 if plan.get("gil_rate_hz") else 0)), what)
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         exe = pyspy_binary()
@@ -211,8 +278,11 @@ class PySpyProbe(Probe):
         launch_unix = time.time()
         log = open(os.path.join(tmpdir, "pyspy.log"), "w+")
         proc = rec.spawn(argv, stop_signal=signal.SIGINT, stdout=log, stderr=subprocess.STDOUT)
+        gil = _GilWatch(exe, spec, plan, window, tmpdir)
+        gil.start(rec)
         stopped = rec.wait_window(deadline_monotonic)
         rc = rec.finish(proc, grace_s=0.1 if stopped else 1.5)
+        gil.finish(rec, stopped)
         log.seek(0)
         logtext = log.read()
         log.close()
@@ -255,6 +325,8 @@ class PySpyProbe(Probe):
             window = max(deadline_monotonic - time.monotonic(), 0.5)
             main = _Sampler(exe, spec.pid, int(plan["main_rate_hz"]), window, tmpdir, "main", spec.native)
             main.start(rec)
+            gil = _GilWatch(exe, spec, plan, window, tmpdir)
+            gil.start(rec)
             slots = [list(s) for s in plan.get("worker_slots") or []]
             worker_runs: list[_Sampler] = []
             slot_s = window / len(slots) if slots else 0.0
@@ -272,6 +344,7 @@ class PySpyProbe(Probe):
                 worker_runs.extend(run)
             stopped = rec.wait_window(deadline_monotonic)
             main.finish(rec, stopped)
+            gil.finish(rec, stopped)
             if main.text is None:
                 logtext = main.log
                 if "Permission denied" in logtext or "Operation not permitted" in logtext:
@@ -315,19 +388,24 @@ class PySpyProbe(Probe):
                     sp.t1 += shift
                 t.ancestry = t.ancestry or (main_pid, t.pid)
                 traces.append(t)
-        return analyse(traces, source, capture.meta)
+        gil_text = capture.artifacts.get("gil_speedscope.json")
+        tasks_text = capture.artifacts.get("tasks.json")
+        return analyse(traces, source, capture.meta, gil_doc=json.loads(gil_text) if gil_text else None,
+                       tasks=json.loads(tasks_text) if tasks_text else None)
 
 
 class _Sampler:
     """One `py-spy record` of one PID (no --subprocesses), written as chrometrace."""
 
-    def __init__(self, exe: str, pid: int, rate: int, seconds: float, tmpdir: str, tag: str, native: bool):
+    def __init__(self, exe: str, pid: int, rate: int, seconds: float, tmpdir: str, tag: str, native: bool,
+                 fmt: str = "chrometrace", flags: tuple[str, ...] = ()):
         self.pid, self.rate, self.planned_s = pid, rate, seconds
         self.out = os.path.join(tmpdir, f"{tag}.json")
         self.logpath = os.path.join(tmpdir, f"{tag}.log")
         self.argv = [exe, "record", "--pid", str(pid), "--rate", str(rate),
-                     "--duration", str(max(1, int(math.ceil(seconds)))), "--format", "chrometrace",
-                     "--output", self.out, "--idle", "--threads", "--native" if native else "--nonblocking"]
+                     "--duration", str(max(1, int(math.ceil(seconds)))), "--format", fmt,
+                     "--output", self.out, "--idle", "--threads", *flags,
+                     "--native" if native else "--nonblocking"]
         self.text: str | None = None
         self.log = ""
         self.rc: int | None = None
@@ -353,6 +431,95 @@ class _Sampler:
                 self.text = fh.read()
 
 
+class _GilWatch:
+    """The GIL sampler and the training process's per-thread CPU time, over the main sampler's window.
+
+    Artifacts: gil_speedscope.json (py-spy --gil), tasks.json (/proc/PID/task/*/{stat,schedstat} at
+    the start and the end, with monotonic times); meta: `gil` (rate, seconds, why it did not run) and
+    `python_build` (free-threaded or not)."""
+
+    def __init__(self, exe: str, spec: WatchSpec, plan: dict[str, Any] | None, window: float, tmpdir: str):
+        self.spec = spec
+        self.build = python_build(spec.root, spec.pid)
+        if plan:
+            rate, self.reason = int(plan.get("gil_rate_hz") or 0), plan.get("gil_skipped")
+        else:
+            rate, self.reason = gil_rate(window), None
+        if self.build["free_threaded"]:
+            rate, self.reason = 0, f"free-threaded Python ({self.build['basis']}): no GIL"
+        if rate and not self.reason and plan is None and len(_tids(spec.root, spec.pid)) <= 1:
+            rate, self.reason = 0, "the training process had one thread: no other thread can hold the GIL"
+        # Always non-blocking: the holder is read from the interpreter's state, no thread is stopped.
+        self.sampler = _Sampler(exe, spec.pid, rate, window, tmpdir, "gil", False, "speedscope",
+                                ("--gil", "--nolineno")) if rate > 0 else None
+        self.tasks: dict[str, Any] = {}
+
+    def start(self, rec: Recorder) -> None:
+        self.tasks["start"] = task_snapshot(self.spec.root, self.spec.pid)
+        if self.sampler is not None:
+            self.sampler.start(rec)
+
+    def finish(self, rec: Recorder, stopped: bool) -> None:
+        s = self.sampler
+        if s is not None:
+            s.finish(rec, True)          # ends with the window: SIGINT makes py-spy write what it has
+        self.tasks["end"] = task_snapshot(self.spec.root, self.spec.pid)
+        if self.tasks["end"]["tasks"] or self.tasks["start"]["tasks"]:
+            rec.add("tasks.json", json.dumps(self.tasks, separators=(",", ":")))
+        meta: dict[str, Any] = {"rate_hz": s.rate if s else 0, "seconds": round(s.seconds, 3) if s else None,
+                                "reason": self.reason}
+        if s is not None:
+            meta["argv"] = s.argv
+            if s.text:
+                rec.add("gil_speedscope.json", s.text)
+            else:
+                last = [ln for ln in s.log.strip().splitlines() if ln.strip()]
+                meta["reason"] = f"py-spy --gil wrote no samples (exit {s.rc}): {last[-1] if last else 'no output'}"
+        rec.capture.meta.update({"gil": meta, "python_build": self.build})
+
+
+def _tids(root: str, pid: int) -> list[str]:
+    try:
+        return sorted(os.listdir(procfs.path(root, f"proc/{pid}/task")), key=lambda t: int(t) if t.isdigit() else 0)
+    except OSError:
+        return []
+
+
+def task_snapshot(root: str, pid: int) -> dict[str, Any]:
+    """The raw /proc/PID/task/TID/{stat,schedstat} of each thread of `pid`, with the monotonic time."""
+    tasks: dict[str, dict[str, str | None]] = {}
+    for tid in _tids(root, pid)[:TASKS_READ_LIMIT]:
+        stat = procfs.try_read_text(root, f"proc/{pid}/task/{tid}/stat")
+        if stat:
+            tasks[tid] = {"stat": stat, "schedstat": procfs.try_read_text(root, f"proc/{pid}/task/{tid}/schedstat")}
+    return {"t": round(time.monotonic(), 6), "tasks": tasks}
+
+
+_FREE_THREADED = (re.compile(r"python3\.\d+t$"), re.compile(r"libpython3\.\d+t\.so"), re.compile(r"\.cpython-3\d+t-"))
+_WITH_GIL = (re.compile(r"python3\.\d+$"), re.compile(r"libpython3\.\d+\.so"), re.compile(r"\.cpython-3\d+-"))
+
+
+def python_build(root: str, pid: int) -> dict[str, Any]:
+    """Whether the target's interpreter is a free-threaded build (no GIL), from what it runs: its
+    binary's name (python3.13t), its libpython (libpython3.13t.so), the ABI tag of the extension
+    modules it has loaded (.cpython-313t-...). {'free_threaded': True | False | None, 'basis': ...}."""
+    try:
+        exe = os.path.basename(os.readlink(procfs.path(root, f"proc/{pid}/exe")))
+    except OSError:
+        exe = ""
+    maps = procfs.try_read_text(root, f"proc/{pid}/maps") or ""
+    names = {ln.rsplit("/", 1)[-1] for ln in maps.splitlines() if "/" in ln}
+    for rx in _FREE_THREADED:
+        hit = next((n for n in ([exe] if exe else []) + sorted(names) if rx.search(n)), None)
+        if hit:
+            return {"free_threaded": True, "basis": hit}
+    for rx in _WITH_GIL:
+        hit = next((n for n in ([exe] if exe else []) + sorted(names) if rx.search(n)), None)
+        if hit:
+            return {"free_threaded": False, "basis": hit}
+    return {"free_threaded": None, "basis": exe or "unknown"}
+
+
 def _fractions(seconds: dict[str, float], total: float, cats: tuple[str, ...]) -> dict[str, float]:
     return {c: round(seconds.get(c, 0.0) / total, 4) if total > 0 else 0.0 for c in cats}
 
@@ -363,8 +530,92 @@ def _top_stacks(spans_by_stack: dict[tuple, float], total: float, n: int = 5) ->
             for st, s in top]
 
 
-def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: dict[str, Any]) -> dict[str, Any]:
-    """Pure: thread traces -> the py-spy evidence (training thread breakdown, workers, timeline).
+def allocate_waits(shares: dict[str, float], cpu: float, run_delay: float,
+                   others_gil: float | None) -> dict[str, float]:
+    """Pure: the training thread's off-CPU time as shares of the window, by what it waited for.
+
+    `shares` are its samples' frame kinds (pystacks.FRAME_KINDS, summing to 1); `cpu` and
+    `run_delay` the shares of the window it ran on a CPU and waited for one (the OS's counters);
+    `others_gil` the share of the window other threads of its process held the GIL (py-spy --gil),
+    or None when that was not measured. The off-CPU share 1 - cpu - run_delay goes first to the
+    frames that block by nature (the DataLoader, copies, syncs, collectives, I/O, deliberate waits,
+    each at most its share of samples); what is left was spent off-CPU in Python, torch or native
+    code. Of that, a GIL wait is only what other threads were seen holding the GIL (a thread can
+    wait for the GIL only while another holds it); none at all without that measure. The rest is
+    native waits (autograd's engine, a future) up to their share of samples, then unexplained.
+    """
+    off = max(0.0, 1.0 - cpu - run_delay)
+    blocking = sum(shares.get(k, 0.0) for k in pystacks.BLOCKING_KINDS)
+    scale = min(1.0, off / blocking) if blocking > 0 else 0.0
+    out = {k: 0.0 for k in pystacks.WAIT_KEYS}
+    for k in pystacks.BLOCKING_KINDS:
+        out[k] = shares.get(k, 0.0) * scale
+    rest = max(0.0, off - blocking * scale)
+    gil = min(rest, max(others_gil, 0.0)) if others_gil is not None else 0.0
+    out["gil"] = gil
+    left = rest - gil
+    out["native_other"] = min(left, shares.get("native", 0.0))
+    out["unexplained"] = max(0.0, left - out["native_other"])
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def _task_cpu(tasks: dict[str, Any] | None) -> tuple[dict[int, tuple[float, float | None]], float | None]:
+    """tid -> (share of the window on a CPU, share waiting for one) between the two snapshots."""
+    if not tasks or not isinstance(tasks.get("start"), dict) or not isinstance(tasks.get("end"), dict):
+        return {}, None
+    s, e = tasks["start"], tasks["end"]
+    win = float(e.get("t") or 0.0) - float(s.get("t") or 0.0)
+    if win <= 0.05:
+        return {}, None
+    out: dict[int, tuple[float, float | None]] = {}
+    for tid, te in (e.get("tasks") or {}).items():
+        ts = (s.get("tasks") or {}).get(tid)
+        if not ts or not str(tid).isdigit():
+            continue
+        a, b = procfs.parse_stat(ts["stat"]), procfs.parse_stat(te["stat"])
+        cpu = (b["utime_s"] + b["stime_s"]) - (a["utime_s"] + a["stime_s"])
+        sa, sb = procfs.parse_schedstat(ts.get("schedstat")), procfs.parse_schedstat(te.get("schedstat"))
+        if sa and sb:
+            cpu = sb["run_s"] - sa["run_s"]          # ns counters: finer than clock ticks
+            rq: float | None = max(0.0, sb["wait_s"] - sa["wait_s"]) / win
+        else:
+            rq = None
+        out[int(tid)] = (min(max(cpu, 0.0) / win, 1.0), None if rq is None else min(rq, 1.0))
+    return out, win
+
+
+def _ownership(gil_doc: dict[str, Any] | None, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[int, float]]:
+    """The GIL evidence and tid -> share of the sampler's samples in which that thread held the GIL."""
+    g = meta.get("gil") or {}
+    build = meta.get("python_build") or {}
+    rate, secs = float(g.get("rate_hz") or 0.0), g.get("seconds")
+    out: dict[str, Any] = {"measured": False, "reason": g.get("reason"), "free_threaded": build.get("free_threaded"),
+                           "rate_hz": rate or None, "seconds": secs, "samples": 0, "held_share": None,
+                           "training_thread_share": None, "others_share": None, "threads": []}
+    if gil_doc is None or not rate or not secs:
+        if not out["reason"]:
+            out["reason"] = ("this capture has no GIL ownership samples (recorded before the GIL sampler)"
+                             if not g else "py-spy --gil gave no samples")
+        return out, {}
+    n = max(1, int(round(rate * float(secs))))
+    holders = pystacks.read_gil_speedscope(gil_doc)
+    shares: dict[int, float] = {}
+    rows = []
+    for h in sorted(holders, key=lambda h: -h.samples):
+        share = min(1.0, h.samples / n)
+        if h.tid is not None:
+            shares[h.tid] = shares.get(h.tid, 0.0) + share
+        top = max(h.leaves.items(), key=lambda kv: kv[1])[0] if h.leaves else None
+        rows.append({"tid": h.tid, "name": h.name, "samples": h.samples, "share": round(share, 4), "frame": top})
+    out.update({"measured": True, "reason": None, "samples": n, "threads": rows,
+                "held_share": round(min(1.0, sum(h.samples for h in holders) / n), 4)})
+    return out, shares
+
+
+def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: dict[str, Any],
+            gil_doc: dict[str, Any] | None = None, tasks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Pure: thread traces -> the py-spy evidence (training thread breakdown, workers, timeline),
+    with the GIL sampler's holders and the training process's per-thread CPU time when captured.
 
     When the target is a launcher (torchrun) whose children train, each child is a rank: every rank
     gets its own breakdown under `ranks`, and the top-level fields describe the first rank.
@@ -377,11 +628,14 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         by_pid[t.pid].append(t)
     trainers = [pid for pid in by_pid if pid not in worker_pids and _busy_seconds(by_pid[pid]) > 0]
     rank_pids = sorted(pid for pid in trainers if pid != main_pid and main_pid in _ancestry(by_pid[pid]))
+    gil, held = _ownership(gil_doc, meta)
+    cpu, _win = _task_cpu(tasks)
     out: dict[str, Any] = {
         "pid": main_pid, "rate_hz": meta.get("rate_hz"), "nonblocking": meta.get("nonblocking", True),
-        "anchor_unix": launch, "threads_seen": len(traces), "processes_seen": sorted(by_pid),
+        "anchor_unix": launch, "threads_seen": len(traces), "processes_seen": sorted(by_pid), "gil": gil,
     }
-    main_view = _trainer_view(main_pid, by_pid, traces, worker_pids, source, launch, single=not rank_pids)
+    main_view = _trainer_view(main_pid, by_pid, traces, worker_pids, source, launch, single=not rank_pids,
+                              gil=gil, held=held, cpu=cpu)
     launcher = bool(rank_pids) and (main_view is None or _training_share(main_view) < 0.1)
     if rank_pids:
         out["ranks"] = [v for v in (_trainer_view(p, by_pid, traces, worker_pids, source, launch, single=False)
@@ -416,19 +670,26 @@ def _busy_seconds(traces: list[pystacks.ThreadTrace]) -> float:
 
 
 def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], traces: list[pystacks.ThreadTrace],
-                  worker_pids: set[int], source: dict[str, str], launch: float, single: bool) -> dict[str, Any] | None:
-    """The training thread of one process (the target, or one rank), its other threads and workers."""
+                  worker_pids: set[int], source: dict[str, str], launch: float, single: bool,
+                  gil: dict[str, Any] | None = None, held: dict[int, float] | None = None,
+                  cpu: dict[int, tuple[float, float | None]] | None = None) -> dict[str, Any] | None:
+    """The training thread of one process (the target, or one rank), its other threads and workers.
+    `gil`, `held` and `cpu` (the GIL sampler's and the per-thread CPU time) are the target's: given
+    for the target's own view only."""
     own = by_pid.get(pid, [])
     training = _pick_training_thread(own)
     if training is None:
         return None
+    held, cpu = held or {}, cpu or {}
     by_cat: dict[str, float] = defaultdict(float)
+    by_kind: dict[str, float] = defaultdict(float)
     by_stack: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     timeline: list[list[Any]] = []
     worker_startup = 0.0
     for sp in training.spans:
         cat = pystacks.classify_training(sp.stack, source)
         by_cat[cat] += sp.seconds
+        by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
         by_stack[cat][sp.stack] += sp.seconds
         if any(f.name.endswith("_MultiProcessingDataLoaderIter.__init__") for f in sp.stack):
             worker_startup += sp.seconds
@@ -448,6 +709,17 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
     }
+    shares = _fractions(by_kind, total, pystacks.FRAME_KINDS)
+    c, rq = cpu.get(training.os_tid, (None, None)) if training.os_tid is not None else (None, None)
+    measured = bool(gil and gil.get("measured"))
+    others = round(sum(v for t, v in held.items() if t != training.os_tid), 4) if measured else None
+    if measured and gil is not None:
+        gil["training_thread_share"] = round(held.get(training.os_tid, 0.0), 4) if training.os_tid else None
+        gil["others_share"] = min(others or 0.0, 1.0)
+    tt.update({"frame_kinds": shares, "cpu_fraction": None if c is None else round(c, 4),
+               "run_delay_fraction": None if rq is None else round(rq, 4),
+               "gil_held_share": round(held.get(training.os_tid, 0.0), 4) if measured and training.os_tid else None,
+               "waits": allocate_waits(shares, c, rq or 0.0, others) if c is not None else None})
     load_cats: dict[str, float] = defaultdict(float)
     for st, sec in by_stack.get("data_load", {}).items():
         load_cats[_inloop_kind(st)] += sec
@@ -458,8 +730,12 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         if t is training:
             continue
         b = sum(sp.seconds for sp in t.spans if not pystacks.is_idle_stack(sp.stack))
+        oc, orq = cpu.get(t.os_tid, (None, None)) if t.os_tid is not None else (None, None)
         others.append({"tid": t.os_tid, "name": t.name, "seconds": round(t.seconds, 3),
                        "busy_fraction": round(b / t.seconds, 4) if t.seconds else 0.0,
+                       "active_fraction": None if oc is None else round(min(1.0, oc + (orq or 0.0)), 4),
+                       "gil_share": (round(held.get(t.os_tid, 0.0), 4) if t.os_tid is not None else None)
+                       if measured else None,
                        "top": _top_stacks(_stack_seconds(t), t.seconds, 3)})
     mine = [t for t in traces if t.pid in worker_pids and (single or pid in t.ancestry)]
     return {"pid": pid, "training_thread": tt,

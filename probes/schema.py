@@ -124,13 +124,22 @@ class TrainingThread(TypedDict):
     observed_from: float
     observed_to: float
     data_load_breakdown: Dict[str, float]
+    frame_kinds: Dict[str, float]           # pystacks.FRAME_KINDS -> share of the thread's samples
+    cpu_fraction: Optional[float]           # share of the window on a CPU (/proc; None: not read)
+    run_delay_fraction: Optional[float]     # share of the window waiting for a CPU (schedstat)
+    gil_held_share: Optional[float]         # share of the GIL sampler's samples it held the GIL
+    # Off-CPU shares of the window by what it waited for (pystacks.WAIT_KEYS: gil, data, h2d_copy,
+    # host_sync, collective, io, idle_wait, native_other, unexplained); None without its CPU time.
+    waits: Optional[Dict[str, float]]
 
 
 class OtherThread(TypedDict):
     tid: Optional[int]
     name: Optional[str]
     seconds: float
-    busy_fraction: float
+    busy_fraction: float                    # share of samples outside a wait-like frame (frames only)
+    active_fraction: Optional[float]        # share of the window running or runnable (the OS's counters)
+    gil_share: Optional[float]              # share of the GIL sampler's samples it held the GIL
     top: List[TopStack]
 
 
@@ -160,6 +169,28 @@ class TrainerView(TypedDict):
     workers: WorkersView
 
 
+class GilHolderShare(TypedDict):
+    tid: Optional[int]
+    name: Optional[str]
+    samples: int                            # GIL sampler samples in which it held the GIL
+    share: float                            # of all the sampler's samples
+    frame: Optional[str]                    # its innermost frame most often while it held it
+
+
+class GilOwnership(TypedDict):
+    """Who held the GIL in the training process (py-spy record --gil), or why it was not measured."""
+    measured: bool
+    reason: Optional[str]
+    free_threaded: Optional[bool]           # the target's interpreter has no GIL (python3.13t)
+    rate_hz: Optional[float]
+    seconds: Optional[float]
+    samples: int                            # the sampler's samples (rate x seconds)
+    held_share: Optional[float]             # any thread held the GIL
+    training_thread_share: Optional[float]
+    others_share: Optional[float]           # threads other than the training thread held it
+    threads: List[GilHolderShare]
+
+
 class _PySpySeen(TypedDict):
     pid: int
     rate_hz: Optional[int]
@@ -169,6 +200,7 @@ class _PySpySeen(TypedDict):
     processes_seen: List[int]
     launcher: bool
     training_thread: Optional[TrainingThread]
+    gil: GilOwnership
 
 
 class PySpyEvidence(_PySpySeen, total=False):

@@ -1,17 +1,25 @@
-"""The training thread's GIL wait, from the default probes (py-spy's stacks and /proc's CPU time).
+"""The training thread's GIL wait in the default run, from who held the GIL (py-spy --gil).
 
-    b   share of py-spy's samples of the training thread that were not in a deliberate wait
-        (a queue get, a lock, a sleep: py-spy's idle stacks) nor in a host-device sync,
-    c   share of the window the training thread ran on a CPU (/proc/PID/task/TID/stat),
-    r   share of the window it was runnable but waiting for a CPU (schedstat run_delay).
-A thread that is inside Python or torch code (b) but neither running (c) nor waiting for a CPU (r)
-is blocked without having asked to be: in CPython, waiting for the GIL. g = max(0, b - c - r) is
-that share. It is a GIL wait only when another Python thread of the process was busy to hold the
-GIL (the suspect); torch's own helper threads release the GIL while they copy or wait and are not
-suspects. Cost: none beyond the default probes (no extra sampling of the target).
+A thread can wait for the GIL only while another thread holds it. The py-spy probe measures that
+directly: its GIL sampler records, at each sample, the one thread that held the GIL (read from the
+interpreter's state). From it and the training thread's CPU time it splits the training thread's
+off-CPU time (probes/pyspy.py: allocate_waits): the frames that block by nature first (DataLoader,
+copies, syncs, collectives, I/O, deliberate waits), then a GIL wait of at most the share of the
+window other threads held the GIL, then native waits and what nothing explains. So
 
-Error: c and r come from kernel counters (clock ticks: +-0.01 s per thread over the window); b
-from py-spy's samples (+-1/sqrt(n)). The measured spread is carried as `g_err`.
+    g = min(off-CPU time in Python/torch/native code, share of the window others held the GIL)
+
+and g is 0 whenever no other thread was seen holding the GIL: a thread blocked in a read, a queue,
+a sleep, or a C call that released the GIL (hashlib, zlib, a matmul) is never a suspect, whatever
+its frames say. Without the GIL sampler's evidence (an old capture, a budget too small, a
+free-threaded build) there is no estimate at all: CPU time alone is never read as a GIL wait.
+
+    b   share of the training thread's samples in Python, torch or native code (not blocking frames),
+    c   share of the window it ran on a CPU, r share it waited for one,
+    h   share of the window other threads held the GIL (the suspects: each thread's own share).
+
+Error: h from the sampler's n samples (+-sqrt(h(1-h)/n)), b from the main sampler's; carried as
+`g_err`.
 """
 from __future__ import annotations
 
@@ -19,45 +27,70 @@ import math
 from typing import Any
 
 from trainprobe.agent.evidence import Evidence
+from trainprobe.probes.pyspy import allocate_waits
 
-BUSY_BESIDE = 0.5            # another Python thread of the training process busy at least this share
-# Threads torch and multiprocessing run beside the loop; they release the GIL while they copy or wait.
-TORCH_HELPERS = ("_pin_memory_loop", "pin_memory", "Queue._feed", "_handle_workers", "_handle_results")
+SUSPECT_SHARE = 0.05          # another thread held the GIL at least this share of the sampler's samples
+MIN_HELD_SAMPLES = 3          # ... and in at least this many samples
 
 
-def torch_helper(thread: dict[str, Any]) -> bool:
-    frames = [f for top in thread.get("top") or [] for f in top.get("stack", [])]
-    return any(h in f for f in frames for h in TORCH_HELPERS) or "pin_memory" in (thread.get("name") or "")
+def ownership(ev: Evidence) -> dict[str, Any]:
+    """The py-spy probe's GIL ownership evidence ({'measured': False, ...} when absent)."""
+    return ((ev.get("pyspy") or {}).get("gil")) or {"measured": False, "reason": "the py-spy probe did not run"}
+
+
+def free_threaded(ev: Evidence) -> bool:
+    return bool(ownership(ev).get("free_threaded"))
 
 
 def suspects(ev: Evidence) -> list[dict[str, Any]]:
-    """Python threads of the training process, other than the loop and torch's helpers, that were busy."""
-    spy = ev.get("pyspy") or {}
-    return [t for t in spy.get("other_threads") or [] if (t.get("busy_fraction") or 0) >= BUSY_BESIDE
-            and not torch_helper(t)]
+    """Threads of the training process, other than the training thread, seen holding the GIL at least
+    SUSPECT_SHARE of the time, the largest share first: {'tid', 'name', 'share', 'samples', 'frame'}."""
+    own = ownership(ev)
+    if not own.get("measured"):
+        return []
+    tt = (ev.get("pyspy") or {}).get("training_thread") or {}
+    return [t for t in own.get("threads") or [] if t.get("tid") != tt.get("tid")
+            and t["share"] >= SUSPECT_SHARE and t["samples"] >= MIN_HELD_SAMPLES]
 
 
-def gil_wait(ev: Evidence) -> dict[str, Any] | None:
-    """{'g', 'g_err', 'b', 'c', 'r', 'samples', 'suspects'} for the training thread, or None when the
-    default probes cannot measure it (no py-spy training thread, or no per-thread CPU time)."""
-    spy = ev.get("pyspy") or {}
-    tt = spy.get("training_thread")
+def _cpu(ev: Evidence, tt: dict[str, Any]) -> tuple[float, float] | None:
+    """(c, r) of the training thread: the py-spy probe's own reading, else the process probe's."""
+    if tt.get("cpu_fraction") is not None:
+        return float(tt["cpu_fraction"]), float(tt.get("run_delay_fraction") or 0.0)
     proc = ev.get("process") or {}
-    if not tt or not proc.get("processes"):
-        return None
-    pid = tt.get("pid") or spy.get("pid") or proc.get("pid")
-    tid = tt.get("tid") or pid
-    me = next((p for p in proc["processes"] if p["pid"] == pid), None)
+    pid, tid = tt.get("pid"), tt.get("tid") or tt.get("pid")
+    me = next((p for p in proc.get("processes") or [] if p["pid"] == pid), None)
     th = next((t for t in (me or {}).get("threads", []) if t["tid"] == tid), None)
     if th is None or th.get("cpu_fraction") is None:
         return None
     win = float(proc.get("window_s") or 0.0) or 1e-6
-    c = float(th["cpu_fraction"])
     r = float(th["run_delay_seconds"]) / win if th.get("run_delay_seconds") is not None else 0.0
-    bd = tt.get("breakdown") or {}
-    b = float(tt.get("busy_fraction") or 0.0) - float(bd.get("host_sync", 0.0))
-    g = max(0.0, min(b - c - r, 0.99))
+    return float(th["cpu_fraction"]), r
+
+
+def gil_wait(ev: Evidence) -> dict[str, Any] | None:
+    """{'g', 'g_err', 'b', 'c', 'r', 'h', 'samples', 'gil_samples', 'suspects', 'waits'} for the
+    training thread, or None when the GIL's holders were not measured (or its CPU time not read).
+    On a free-threaded build g is 0 (there is no GIL)."""
+    spy = ev.get("pyspy") or {}
+    tt = spy.get("training_thread")
+    own = ownership(ev)
+    if not tt or not (own.get("measured") or own.get("free_threaded")):
+        return None
+    cr = _cpu(ev, tt)
+    if cr is None:
+        return None
+    c, r = cr
+    h = 0.0 if own.get("free_threaded") else float(own.get("others_share") or 0.0)
+    kinds = tt.get("frame_kinds") or {}
+    waits = tt.get("waits")
+    if waits is None or tt.get("cpu_fraction") is None:
+        waits = allocate_waits(kinds, c, r, h)
+    b = float(kinds.get("code", 0.0)) + float(kinds.get("native", 0.0))
+    g = 0.0 if own.get("free_threaded") else float(waits.get("gil", 0.0))
     n = max(1, int(round(float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25))))
-    g_err = math.sqrt(max(b * (1 - b), 0.01) / n) + 0.02
+    m = max(1, int(own.get("samples") or 0))
+    g_err = math.sqrt(max(h * (1 - h), 0.01) / m) + math.sqrt(max(b * (1 - b), 0.01) / n) + 0.01
     return {"g": round(g, 4), "g_err": round(g_err, 4), "b": round(b, 4), "c": round(c, 4), "r": round(r, 4),
-            "samples": n, "suspects": suspects(ev)}
+            "h": round(h, 4), "samples": n, "gil_samples": m, "suspects": [] if own.get("free_threaded") else
+            suspects(ev), "waits": waits}

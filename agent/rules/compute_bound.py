@@ -39,7 +39,8 @@ def _unmeasured(ev: Evidence, gw: dict[str, Any] | None, busy: float | None) -> 
         out.append(("process", "run-queue delay and GIL waits (no per-thread CPU time: the process probe "
                                "did not run)"))
     elif gw is None:
-        out.append(("process", "GIL waits (the training thread's CPU time was not read)"))
+        out.append(("pyspy", "GIL waits (who held the GIL was not measured: " +
+                    str(((ev.get("pyspy") or {}).get("gil") or {}).get("reason") or "no py-spy --gil samples") + ")"))
     if (ev.get("process") or {}).get("uses_cuda") and busy is None:
         out.append(("gpu", "the GPU's busy share (no NVML evidence)"))
     busy_beside = suspects(ev)
@@ -48,8 +49,8 @@ def _unmeasured(ev: Evidence, gw: dict[str, Any] | None, busy: float | None) -> 
         # the run queue is counted as run-queue time, so the GIL estimate may be low (the ledger's
         # gil-bursts job: 0.06 estimated, 2.65x measured when the thread was removed).
         out.append(("process", f"GIL waits that end in the run queue (thread '{busy_beside[0].get('name')}' "
-                               f"busy {pct(busy_beside[0].get('busy_fraction') or 0)} beside the loop, which "
-                               f"waited for a CPU {pct(gw['r'])} of the window)"))
+                               f"held the GIL {pct(busy_beside[0].get('share') or 0)} of the window beside the loop, "
+                               f"which waited for a CPU {pct(gw['r'])} of the window)"))
     return out
 
 

@@ -1,10 +1,13 @@
 """gil.contention: the training thread waits for the GIL held by another thread of its process.
 
-Measured in the default run by agent/combiners/gil_wait.py: the share g of the window the training
-thread was inside Python or torch code yet neither on a CPU nor waiting for one (py-spy's stacks
-against /proc's per-thread CPU time and schedstat), while another Python thread of the process was
-busy. Without the GIL the loop would run that time: the expected speedup is 1 / (1 - g), with g's
-measurement error as the interval (docs/models.md). It costs nothing beyond the default probes.
+A finding rests on a direct measure of who held the GIL, never on CPU time or frames alone.
+
+Default run: the py-spy probe's GIL sampler (`py-spy record --gil`) records, at each sample, the one
+thread that held the GIL. A thread that held it at least SUSPECT_SHARE of the time is a suspect; the
+training thread's GIL wait g is its off-CPU time in Python or torch code, at most the share of the
+window other threads held the GIL (agent/combiners/gil_wait.py). A thread blocked in a read, a queue
+or a sleep, or in a C call that released the GIL, holds nothing and adds nothing. Without the GIL
+the loop would run that time: the expected speedup model is `_gain` (docs/models.md).
 
 With --deep, measured also by the `gil` probe: in each py-spy dump, the training thread is counted as waiting for
 the GIL when another thread holds it and the training thread is off-CPU, blocked in futex (how
@@ -15,12 +18,14 @@ It counts the GIL waits alone: a holder that spins also takes a CPU from the loo
 run-queue delay (cpu.oversubscribed), so the real gain can be larger. The scheduler probe
 corroborates it independently: how long the training thread slept, and how often the holder woke
 it (a GIL hand-over wakes the waiter from the holder's thread).
+
+On a free-threaded build (python3.13t) there is no GIL and no finding.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from trainprobe.agent.combiners.gil_wait import gil_wait, suspects
+from trainprobe.agent.combiners.gil_wait import free_threaded, gil_wait, ownership, suspects
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -60,6 +65,8 @@ def _sched_facts(ev: Evidence, name: str, tid: Any) -> tuple[list[Fact], bool]:
 @rule("gil.contention", requires=("gil",), uses=("sched", "pyspy"),
       description="the training thread waits for the GIL held by another of its threads (py-spy dumps)")
 def gil_contention(ev: Evidence) -> Finding | None:
+    if free_threaded(ev):
+        return None
     g_ev = ev.get("gil") or {}
     g = g_ev.get("gil_wait_share")
     holder = g_ev.get("holder")
@@ -113,10 +120,12 @@ OTHER_WAIT = 0.10             # off-code samples below this are GIL hand-over no
 
 def _gain(m: dict) -> tuple[float, tuple[float, float]]:
     """Without the holder the loop runs its own CPU time c, shrunk by (1-g)^ALPHA, plus the waits
-    outside code that stay (1 - b beyond OTHER_WAIT): gain = 1 / (c (1-g)^ALPHA + w). The low end is
-    also at most 1/(1-g), the GIL waits alone (docs/models.md)."""
+    that stay: outside code (1 - b beyond OTHER_WAIT), and the off-CPU time in code that the GIL's
+    holders do not explain (native waits, unexplained): gain = 1 / (c (1-g)^ALPHA + w). The low end
+    is also at most 1/(1-g), the GIL waits alone (docs/models.md)."""
     g, e, c, b = m["g"], m["g_err"], max(float(m.get("c") or 0.0), 0.02), float(m.get("b") or 1.0)
-    w = max(0.0, (1.0 - b) - OTHER_WAIT)
+    waits = m.get("waits") or {}
+    w = max(0.0, (1.0 - b) - OTHER_WAIT) + float(waits.get("native_other", 0.0)) + float(waits.get("unexplained", 0.0))
 
     def gain(gg: float, alpha: float) -> float:
         return 1.0 / (c * (1.0 - min(max(gg, 0.0), 0.97)) ** alpha + w)
@@ -128,52 +137,58 @@ def _gain(m: dict) -> tuple[float, tuple[float, float]]:
     return mid, (min(lo, mid), max(hi, mid))
 
 
-@rule("gil.contention", requires=("pyspy", "process"), uses=("gil",),
-      description="the training thread is off-CPU inside Python code while another Python thread is busy "
-                  "(py-spy stacks against /proc CPU time; default run)")
-def gil_from_cpu_time(ev: Evidence) -> Finding | None:
+@rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),
+      description="another thread of the training process held the GIL (py-spy --gil) while the training "
+                  "thread was off-CPU in Python code (default run)")
+def gil_from_ownership(ev: Evidence) -> Finding | None:
     if ev.has("gil"):
-        return None           # the sampler's rule names the holder and reads the same CPU time
+        return None           # the sampler's rule names the holder and reads the same evidence
     m = gil_wait(ev)
     if m is None or not m["suspects"]:
         return None
     if m["g"] < GIL_SHARE:
         return None
+    own = ownership(ev)
     t = m["suspects"][0]
     name, tid = t.get("name") or "?", t.get("tid")
-    top = (t.get("top") or [{}])[0].get("stack") or []
-    where = top[-1] if top else "its Python loop"
+    where = t.get("frame") or "its Python loop"
     speedup, interval = _gain(m)
     facts = [
-        Fact("pyspy", "share of the training thread's samples in Python or torch code (not a deliberate wait)", m["b"]),
-        Fact("process", "share of the window the training thread ran on a CPU (/proc)", m["c"]),
-        Fact("process", "share of the window it waited for a CPU (schedstat)", m["r"]),
-        Fact("pyspy", f"Python thread '{name}' (tid {tid}) busy beside the loop, in {where}", t.get("busy_fraction")),
+        Fact("pyspy", f"share of py-spy --gil samples in which thread '{name}' (tid {tid}) held the GIL "
+                      f"(read from the interpreter; {t['samples']} of {own.get('samples')} samples at "
+                      f"{own.get('rate_hz'):g} Hz), in {where}", t["share"]),
+        Fact("pyspy", "share of the window threads other than the training thread held the GIL", m["h"]),
+        Fact("pyspy", "share of the window the training thread waited for the GIL: its off-CPU time in Python "
+                      "or torch code, at most what the others held", m["g"]),
+        Fact("pyspy", "share of the training thread's samples in Python or torch code (not a blocking wait)", m["b"]),
+        Fact("pyspy", "share of the window the training thread ran on a CPU (/proc)", m["c"]),
+        Fact("pyspy", "share of the window it waited for a CPU (schedstat)", m["r"]),
     ]
-    bound = (f"g=b-c-r={m['b']:.2f}-{m['c']:.2f}-{m['r']:.2f}={m['g']:.2f} of the window the training thread was "
-             f"blocked inside Python code while '{name}' ran; with the GIL free the loop runs its own CPU time c, "
-             f"which also shrinks by (1-g)^{ALPHA:g} (fitted to the ledger): 1/(c (1-g)^{ALPHA:g})={speedup:.2f}x "
-             f"(estimate; g +-{m['g_err']:.2f}, exponent {ALPHA_RANGE[0]:g}-{ALPHA_RANGE[1]:g})")
-    conf = "medium" if m["samples"] >= 50 else "low"
-    title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time while thread '{name}' "
-             f"(tid {tid}) runs Python beside it")
+    bound = (f"g=min(off-CPU in code, held by others)={m['g']:.2f} of the window the training thread waited while "
+             f"'{name}' held the GIL ({t['share']:.0%} of py-spy --gil samples); with the GIL free the loop runs "
+             f"its own CPU time c={m['c']:.2f}, which also shrinks by (1-g)^{ALPHA:g} (fitted to the ledger): "
+             f"{speedup:.2f}x (estimate; g +-{m['g_err']:.2f}, exponent {ALPHA_RANGE[0]:g}-{ALPHA_RANGE[1]:g})")
+    conf = "medium" if (m["samples"] >= 50 and m["gil_samples"] >= 40) else "low"
+    title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time: thread '{name}' "
+             f"(tid {tid}) held it {pct(t['share'])} of the window")
     fixes = _holder_fixes(name, where, {"background_thread_holds_gil": False})
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
-                   details={"holder": {"name": name, "tid": tid}, "gil_wait_share": m["g"], "source": "cpu_time",
-                            "model": {k: m[k] for k in ("b", "c", "r", "g", "g_err", "samples")}})
+                   details={"holder": {"name": name, "tid": tid, "gil_share": t["share"], "frame": t.get("frame")},
+                            "gil_wait_share": m["g"], "source": "gil_ownership",
+                            "model": {k: m[k] for k in ("b", "c", "r", "h", "g", "g_err", "samples", "gil_samples")}})
 
 
 @rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),
-      description="a busy Python thread beside the loop whose GIL share could not be measured")
-def gil_suspect(ev: Evidence) -> Finding | None:
-    """When the GIL wait cannot be measured (no per-thread CPU time) but py-spy shows another Python
-    thread of the training process running most of the time, say so in the notes."""
-    if ev.has("gil") or gil_wait(ev) is not None:
+      description="GIL ownership could not be measured: say so when the training process has other threads")
+def gil_unmeasured(ev: Evidence) -> Finding | None:
+    """When py-spy's GIL sampler did not run (or this capture predates it), no GIL wait is inferred
+    from CPU time or frames: the notes say it was not measured."""
+    if ev.has("gil") or free_threaded(ev):
         return None
-    for t in suspects(ev)[:2]:
-        ev.note(f"Python thread '{t.get('name')}' (tid {t.get('tid')}) was busy {pct(t['busy_fraction'])} of the "
-                "window beside the training thread: if it holds the GIL the loop waits for it; the process probe "
-                "(per-thread CPU time) or `trainprobe diagnose --deep` measures it")
+    own = ownership(ev)
+    spy = ev.get("pyspy") or {}
+    if own.get("measured") or not spy.get("training_thread") or not spy.get("other_threads"):
+        return None
+    ev.note(f"GIL ownership was not measured ({own.get('reason') or 'no py-spy --gil samples'}): gil.contention "
+            "was not assessed; `trainprobe diagnose --deep` samples the GIL's holder")
     return None
-
-

@@ -257,6 +257,143 @@ def is_idle_stack(stack: tuple[Frame, ...]) -> bool:
                           "Condition.wait", "_recv", "recv_bytes", "_wait_for_tstate_lock", ".join"))
 
 
+# -- where the training thread waits --------------------------------------------------------------
+#
+# py-spy shows Python frames only: a thread inside a C call shows the Python frame that made it. What
+# a sample's frames say is where the thread was; whether it was on a CPU comes from the OS (its CPU
+# time), and whether it waited for the GIL only from who held the GIL (py-spy --gil). The kinds below
+# name the place; pyspy.allocate_waits turns them into off-CPU shares of the window.
+
+# Frame kinds of a training-thread sample. The first five block by nature (the GIL is released while
+# they wait); "native" is code known to wait inside native code (autograd's engine waiting for its
+# device threads, a future); "code" is Python or torch code, where a GIL wait can hide.
+FRAME_KINDS = ("data", "h2d_copy", "host_sync", "collective", "io", "idle_wait", "native", "code")
+BLOCKING_KINDS = ("data", "h2d_copy", "host_sync", "collective", "io", "idle_wait")
+# Off-CPU shares of the window (pyspy.allocate_waits): the blocking kinds, then the GIL wait (only
+# where another thread was seen holding the GIL), native waits, and what nothing explains.
+WAIT_KEYS = ("gil", "data", "h2d_copy", "host_sync", "collective", "io", "idle_wait", "native_other", "unexplained")
+
+_COLLECTIVES = frozenset((
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+    "broadcast_object_list", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "wait",
+    "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "batch_isend_irecv", "_wait",
+    "wait_tensor", "_wait_for_all"))
+_COLLECTIVE_LINE = re.compile(r"\b(?:dist|distributed|c10d|funcol)\.(?:" + "|".join(sorted(_COLLECTIVES)) + r")\(|"
+                              r"\b(?:all_reduce|barrier|all_gather\w*|reduce_scatter\w*|broadcast)\(")
+# Leaf frames of the standard library and common packages that block in a system call.
+_IO_NAMES = frozenset((
+    "read", "readinto", "readline", "readlines", "read1", "recv", "recv_into", "recvfrom", "recvmsg",
+    "recv_bytes", "_recv_bytes", "_recv", "_recv_msg", "recv_msg", "select", "poll", "_poll", "epoll",
+    "accept", "sendall", "send", "sendmsg", "connect", "create_connection", "communicate", "_communicate",
+    "getaddrinfo", "urlopen", "fsync", "_read_status", "_readinto", "do_handshake", "_wait_for_data"))
+_IO_FILES = ("/socket.py", "/selectors.py", "/ssl.py", "/subprocess.py", "multiprocessing/connection.py",
+             "/http/client.py", "/asyncio/", "/urllib3/", "/requests/", "/grpc/", "/zmq/")
+_IO_LINE = re.compile(r"\bos\.(?:read|readv|pread|write|waitpid|wait)\(|\.(?:recv|recv_into|recvfrom|accept|"
+                      r"sendall|read|readinto|readline)\(|\bselect\.(?:select|poll|epoll)\b|\.communicate\(|"
+                      r"\.poll\(|subprocess\.(?:run|call|check_call|check_output)\(")
+_IDLE_NAMES = frozenset((
+    "wait", "wait_for", "acquire", "_acquire_restore", "sleep", "get", "join", "_wait_for_tstate_lock",
+    "_wait", "get_nowait"))
+_IDLE_FILES = ("/threading.py", "/queue.py", "multiprocessing/queues.py", "multiprocessing/synchronize.py",
+               "/concurrent/futures/", "multiprocessing/pool.py")
+_IDLE_LINE = re.compile(r"\btime\.sleep\(|\bsleep\(|\.wait\(|\.acquire\(|\.join\(|\.get\(\s*(?:block|timeout|\))")
+# Native code that waits: autograd's engine (a CUDA backward runs on the engine's device threads while
+# the calling thread waits), a TorchScript or torch future.
+_NATIVE_WAITS = ("_engine_run_backward", "run_backward")
+_NATIVE_FILES = ("/torch/autograd/", "/torch/jit/_async.py", "/torch/futures/")
+
+
+def _base_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def classify_wait(stack: tuple[Frame, ...], source: Mapping[str, str]) -> str:
+    """Where one training-thread sample was, as one of FRAME_KINDS (see the comment above)."""
+    cat = classify_training(stack, source)
+    if cat in ("data_wait", "data_load"):
+        return "data"
+    if cat in ("h2d_copy", "host_sync"):
+        return cat
+    if not stack:
+        return "code"
+    leaf = stack[-1]
+    base = _base_name(leaf.name)
+    if any("/torch/distributed/" in f.filename and _base_name(f.name) in _COLLECTIVES for f in stack):
+        return "collective"
+    line = leaf_user_line(stack, source)
+    code = line[1].split("#", 1)[0] if line else ""
+    if code and _COLLECTIVE_LINE.search(code):
+        return "collective"
+    if base in _IO_NAMES and (is_library(leaf.filename) or any(m in leaf.filename for m in _IO_FILES)):
+        return "io"
+    if any(m in leaf.filename for m in _IO_FILES):
+        return "io"
+    if base in _IDLE_NAMES and (any(m in leaf.filename for m in _IDLE_FILES) or base == "sleep"):
+        return "idle_wait"
+    if code and _IO_LINE.search(code):
+        return "io"
+    if code and _IDLE_LINE.search(code):
+        return "idle_wait"
+    for f in stack:
+        if _base_name(f.name) in _NATIVE_WAITS and is_torch(f.filename):
+            return "native"
+        if f.name.endswith("wait") and any(m in f.filename for m in _NATIVE_FILES[1:]):
+            return "native"
+    return "code"
+
+
+# -- who held the GIL (py-spy record --gil -f speedscope) ------------------------------------------
+
+_SPEEDSCOPE_THREAD = re.compile(r'^Thread (\d+)(?: "(.*)")?$', re.S)
+
+
+@dataclass
+class GilHolding:
+    tid: int | None
+    name: str | None
+    samples: int                        # samples in which this thread held the GIL
+    leaves: dict[str, int]              # its innermost frame in those samples -> count
+
+
+@parser("py-spy speedscope read_gil_speedscope")
+def read_gil_speedscope(doc: Mapping[str, Any]) -> list[GilHolding]:
+    """py-spy `record --gil --threads -f speedscope` -> one GilHolding per thread that held the GIL.
+
+    With --gil py-spy keeps, of each sample, only the thread that held the GIL at that instant (read
+    from the interpreter's state, not guessed from frames); a sample in which no thread held it
+    leaves nothing. Each speedscope profile is one thread; its samples are frame-index lists, root
+    first, with the `thread (TID): NAME` pseudo-frame that --threads adds at the root.
+    """
+    frames = [f for f in ((doc.get("shared") or {}).get("frames") or []) if isinstance(f, Mapping)]
+    out: list[GilHolding] = []
+    for prof in doc.get("profiles") or []:
+        if not isinstance(prof, Mapping):
+            continue
+        samples = [s for s in (prof.get("samples") or []) if isinstance(s, list)]
+        tid, name = None, None
+        m = _SPEEDSCOPE_THREAD.match(str(prof.get("name") or ""))
+        if m:
+            tid, name = int(m.group(1)), m.group(2)
+        leaves: dict[str, int] = {}
+        for s in samples:
+            idx = [i for i in s if isinstance(i, int) and 0 <= i < len(frames)]
+            real = [frames[i] for i in idx if frames[i].get("file")]
+            pseudo = [frames[i] for i in idx if not frames[i].get("file")]
+            for p in pseudo:
+                tm = _THREAD_FRAME.match(str(p.get("name") or ""))
+                if tm:
+                    tid, name = int(tm.group(1)), tm.group(2) or name
+            if real:
+                f = real[-1]
+                fr = Frame(str(f.get("name") or ""), str(f.get("file") or ""), int(f.get("line") or 0))
+                lab = f"{fr.name} ({fr.short}:{fr.line})" if fr.line else f"{fr.name} ({fr.short})"
+                leaves[lab] = leaves.get(lab, 0) + 1
+        if samples:
+            out.append(GilHolding(tid, name, len(samples), leaves))
+    return out
+
+
 def fold(stack: Iterable[Frame], prefix: Iterable[str] = ()) -> str:
     """A folded-stack key (root first, ';' separated) for Brendan Gregg's format."""
     parts = list(prefix) + [f.label().replace(";", ":") for f in stack]
