@@ -85,9 +85,11 @@ def thread_title(t: pystacks.ThreadTrace) -> str:
 # -- saved profiles ------------------------------------------------------------------------------
 
 def _read_text(path: str) -> str:
-    opener = gzip.open if path.endswith(".gz") else open
+    import io
+    from trainprobe.agent.inputs import open_input     # a regular file only, never a blocking open
     try:
-        with opener(path, "rt", errors="replace") as fh:  # type: ignore[operator]
+        with open_input(path) as raw, (gzip.open(raw, "rt", errors="replace") if path.endswith(".gz")
+                                       else io.TextIOWrapper(raw, errors="replace")) as fh:
             text = fh.read(MAX_PROFILE_CHARS + 1)
     except (OSError, EOFError, zlib.error) as exc:
         raise ProfileError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from trainprobe.agent.inputs import open_input
 from trainprobe.probes.errors import BadInput
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
@@ -24,7 +25,7 @@ def _load_toml(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`; "
                            "a JSON profile works everywhere") from None
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{path}: not valid TOML: {exc}") from None
@@ -33,7 +34,7 @@ def _load_toml(path: str) -> dict[str, Any]:
 def load_file(path: str) -> dict[str, Any]:
     try:
         if path.endswith(".json"):
-            with open(path) as fh:
+            with open_input(path) as fh:
                 try:
                     return json.load(fh)
                 except json.JSONDecodeError as exc:

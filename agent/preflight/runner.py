@@ -218,8 +218,9 @@ def load_replay(path: str) -> dict[str, Any]:
 
     if bundle.is_bundle(path):
         return raw_from_bundle(path)
+    from trainprobe.agent.inputs import open_input     # a regular file only, never a blocking open
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             raw = safejson.loads(fh.read(safejson.MAX_BYTES + 1), path)
     except OSError as exc:
         raise BadInput(f"cannot read replay file {path}: {exc.strerror}") from None

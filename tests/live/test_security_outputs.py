@@ -334,6 +334,20 @@ def test_flamegraph_of_a_live_job_through_a_link_to_a_root_file(shared_dir, host
     assert hostile_job.poll() is None
 
 
+def test_an_input_path_that_is_a_fifo_is_refused_without_blocking(shared_dir, folded):
+    """flamegraph --input/--diff and preflight --profile/--replay read only regular files: a FIFO the job's
+    user left there (nobody ever writes to it) would otherwise block open() for ever."""
+    fifo = NobodyFifo(shared_dir / "profile.json", reader=False)
+    fifo.plant()
+    fifo.received()
+    for args, code in ((("flamegraph", "--input", str(fifo.path)), 2),
+                       (("flamegraph", "--input", folded, "--diff", str(fifo.path)), 2),
+                       (("preflight", "--profile", str(fifo.path)), 3),           # preflight's bad input
+                       (("preflight", "--replay", str(fifo.path)), 3)):
+        r = cli(*args, timeout=30)
+        assert r.returncode == code and "not a regular file" in last_line(r), (args, r.stderr)
+
+
 # -- watch: the textfile and the bundles -----------------------------------------------------------------
 
 def test_watch_refuses_another_users_fifo_as_textfile(shared_dir):
