@@ -10,12 +10,12 @@ plain data, the same on a live run and on a saved bundle.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from typing import Any, Mapping, Sequence, TextIO
 
 from trainprobe.reports import flamegraph, xmlsafe
-from trainprobe.reports.values import fmt_value
+from trainprobe.reports.text import sampling_line
+from trainprobe.reports.values import NOT_WORTH_WORDS, fmt_interval, fmt_value, worth_acting
 
 CATEGORY_COLOURS = {
     "data_wait": "#d62728", "data_load": "#ff7f0e", "h2d_copy": "#9467bd", "host_sync": "#8c564b",
@@ -60,6 +60,8 @@ pre{background:#f3f4f6;border:1px solid var(--line);border-radius:4px;padding:6p
 .finding header{display:flex;flex-wrap:wrap;align-items:baseline;gap:10px}
 .rank{font-weight:700;color:var(--muted)}.fid{font-weight:700;font-size:14px}
 .speedup{font-weight:700;font-size:16px;color:#b3261e}.speedup.none{color:#2e7d32}
+.speedup.small{font-weight:400;color:var(--muted)}.finding.muted{background:#fff;color:var(--muted)}
+.finding.muted .fid{font-weight:400}.headline{font-weight:600}
 .badge{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;border:1px solid var(--line);background:#fff}
 .conf-high{border-color:#2e7d32;color:#2e7d32}.conf-medium{border-color:#f9a825;color:#8d6e00}
 .conf-low{border-color:#9e9e9e;color:#616161}
@@ -126,6 +128,10 @@ def _header(report: Mapping[str, Any]) -> list[str]:
                    f"saved {esc(_utc(src.get('saved_unix')))}.</p>")
     for n in report.get("notes", []):
         out.append(f'<div class="note">{esc(n)}</div>')
+    for n in ((win.get("trust") or {}).get("reasons") or []):
+        out.append(f'<div class="note">window: {esc(n)}; the verdict may not hold for the job\'s steady state</div>')
+    if report.get("windows"):
+        out.append(f'<div class="note"><b>windows:</b> {esc(report["windows"].get("verdict"))}</div>')
     out.append("</header>")
     return out
 
@@ -142,11 +148,16 @@ def _findings(report: Mapping[str, Any]) -> list[str]:
         iv = f.get("expected_speedup_interval")
         sp_s = f"{fmt_value(sp, 'x')} expected speedup" if sp > 1.0 else "1.0x: no host-side gain expected"
         if sp > 1.0 and iv:
-            sp_s += f" (likely {iv[0]:.2f}-{iv[1]:.2f}x)"
+            sp_s += f" (likely {fmt_interval(iv)})"
+        worth = worth_acting(f)
+        if not worth:       # below the headline's limit: muted, in the same words as the terminal view
+            sp_s += f": {NOT_WORTH_WORDS}"
         conf = f.get("confidence", "low")
-        out.append(f'<article class="finding" id="finding-{i}" data-id="{esc(f.get("id"))}"><header>'
+        sp_cls = " none" if sp <= 1.0 else ("" if worth else " small")
+        out.append(f'<article class="finding{"" if worth else " muted"}" id="finding-{i}" data-id="{esc(f.get("id"))}"'
+                   f' data-worth-acting="{"yes" if worth else "no"}"><header>'
                    f'<span class="rank">#{i}</span><code class="fid">{esc(f.get("id"))}</code>'
-                   f'<span class="speedup{" none" if sp <= 1.0 else ""}">{esc(sp_s)}</span>'
+                   f'<span class="speedup{sp_cls}">{esc(sp_s)}</span>'
                    f'<span class="badge conf-{esc(conf)}">confidence {esc(conf)}</span>'
                    + (f'<span class="badge">risk {esc(f.get("risk"))}</span>' if f.get("risk") else "")
                    + "</header>"
@@ -374,12 +385,11 @@ def _manifest(report: Mapping[str, Any]) -> list[str]:
             bits.append(f"estimated target slowdown {100 * float(oh['target_slowdown_estimate']):.1f}%")
         out.append(f'<p class="muted">Overhead: {esc(", ".join(bits))}'
                    + (f" ({esc(oh.get('estimate_basis'))})" if oh.get("estimate_basis") else "") + "</p>")
-    from trainprobe.reports.text import sampling_line
     line = sampling_line(report.get("sampling") or {})
     if line:
         out.append(f'<p class="muted">{esc(line)}</p>')
-        for name, d in (oh.get("probes") or {}).items():
-            out.append(f'<p class="muted">{esc(name)}: {esc(json.dumps(d, default=str))}</p>')
+    for name, d in (oh.get("probes") or {}).items():
+        out.append(f'<p class="muted probe-cost">{esc(name)}: {esc(fmt_value(d))}</p>')
     out.append("</section>")
     return out
 

@@ -5,7 +5,8 @@ import os
 import textwrap
 from typing import Any, TextIO
 
-from trainprobe.reports.values import fmt_value
+from trainprobe.reports.values import (NOT_WORTH_WORDS, fmt_interval, fmt_value, short_reason, terminal_safe_value,
+                                       worth_acting)
 
 WIDTH = 100
 
@@ -51,10 +52,15 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
         iv = f.get("expected_speedup_interval")
         sp_s = fmt_value(sp, "x") if sp > 1.0 else "1.0x (no host-side gain)"
         if sp > 1.0 and iv:
-            sp_s += f" ({iv[0]:.2f}-{iv[1]:.2f}x)"
-        colour = st.green if f["id"] == "compute.bound" else (st.red if sp >= 1.5 else st.yellow)
-        out.append(f"{st.bold(f'#{i}')}  {colour(st.bold(f['id']))}   expected speedup {st.bold(sp_s)}"
-                   f"   confidence {f['confidence']}")
+            sp_s += f" ({fmt_interval(iv)})"
+        if not worth_acting(f):
+            # Below the headline's limit: the same words and the same muted tone in every view.
+            out.append(st.dim(f"#{i}  {f['id']}   expected speedup {sp_s}: {NOT_WORTH_WORDS}"
+                              f"   confidence {f['confidence']}"))
+        else:
+            colour = st.green if f["id"] == "compute.bound" else (st.red if sp >= 1.5 else st.yellow)
+            out.append(f"{st.bold(f'#{i}')}  {colour(st.bold(f['id']))}   expected speedup {st.bold(sp_s)}"
+                       f"   confidence {f['confidence']}")
         out.append(_wrap(st.bold(f["title"]), "    "))
         if f.get("evidence"):
             out.append("    " + st.dim("evidence"))
@@ -89,8 +95,6 @@ def _gpu_line(gpu: dict[str, Any] | None) -> str | None:
 
 
 def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) -> None:
-    from trainprobe.reports.values import terminal_safe_value
-
     # Every string of the report may come from the target (argv, thread and frame names): escaped.
     report = terminal_safe_value(report)
     st = Style(use_color(stream) if color is None else color)
@@ -128,11 +132,15 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
     else:
         lines.extend(render_findings(findings, st))
     probe_bits = []
+    shortened = False
     for p in report["probes"]:
         s = p["status"]
         mark = st.green(s) if s == "ok" else (st.yellow(s) if s == "skipped" else st.red(s))
-        probe_bits.append(f"{p['name']} {mark}" + (f" ({p['reason']})" if p.get("reason") else ""))
-    lines.append(st.dim("probes: ") + "; ".join(probe_bits))
+        why = short_reason(p)       # the full reason is in --json (probes[].reason) and docs/probes.md
+        shortened = shortened or (why is not None and why != " ".join(str(p.get("reason") or "").split()))
+        probe_bits.append(f"{p['name']} {mark}" + (f" ({why})" if why else ""))
+    lines.append(_wrap(st.dim("probes: ") + "; ".join(probe_bits)
+                       + (st.dim("; full reasons: --json") if shortened else ""), ""))
     oh = report.get("overhead") or {}
     if oh:
         slow = oh.get("target_slowdown_estimate")

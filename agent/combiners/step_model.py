@@ -273,7 +273,7 @@ class StepModel:
         today's): 1.44x' in words; symbols go into details."""
         lo, hi = step.interval
         if step.oversubscribed:
-            return (f"{self.split_words()}; {what} puts more busy threads than the {self.p_allowed:g} CPUs: the "
+            return (f"{self.split_words()}; {what} puts more busy threads than the {self.p_allowed:.3g} CPUs: the "
                     "parallel regions wait for a thread that shares its CPU with a worker, so no gain is expected")
         return (f"{self.split_words()}; {what}: the step is set by {BINDING_WORDS.get(step.binding, step.binding)} "
                 f"({step.mid:.2f} of today's): {step.speedup:.2f}x ({lo:.2f}-{hi:.2f}x over the fitted constants' "
@@ -395,7 +395,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     m.uses_cuda = bool(proc.get("uses_cuda"))
     m.p_allowed = float(proc["cpus_available"]) / max(n, 1)
     quota = proc.get("cpu_quota_cores")
-    m.p_source = (f"affinity {proc.get('cpus_allowed')} CPUs" + (f", cgroup quota {quota:g}" if quota else
+    m.p_source = (f"affinity {proc.get('cpus_allowed')} CPUs" + (f", cgroup quota {quota:.3g}" if quota else
                                                                   ", no cgroup quota")
                   + (f", 1/{n} for each of {n} ranks" if n > 1 else ""))
     th = next((t for t in me.get("threads", []) if t["tid"] == me["pid"]), None)

@@ -134,10 +134,10 @@ def model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: floa
     team_cores = sum(float(t.get("cpu_fraction") or 0.0) for t in team) if team else main_cores
     busy = max(1, sum(1 for t in team if float(t.get("cpu_fraction") or 0.0) >= 0.10))
     loop_cores = max(1.0, min((team_cores - f_load) / c, float(busy), p))
-    share = f" (1/{n_trainers} of {proc['cpus_available']:g}, shared by {n_trainers} ranks)" if n_trainers > 1 else ""
+    share = f" (1/{n_trainers} of {proc['cpus_available']:.3g}, shared by {n_trainers} ranks)" if n_trainers > 1 else ""
     quota = proc.get("cpu_quota_cores")
     allowed = float(proc["cpus_available"]) / max(n_trainers, 1)
-    where = f"affinity {proc.get('cpus_allowed')} CPUs, " + (f"cgroup quota {quota:g} CPUs" if quota else "no cgroup quota")
+    where = f"affinity {proc.get('cpus_allowed')} CPUs, " + (f"cgroup quota {quota:.3g} CPUs" if quota else "no cgroup quota")
     facts.append(Fact("process", f"CPUs the training process may use ({where})" + share, round(allowed, 2)))
     if p < allowed - 1e-6:
         facts.append(Fact("process", "CPUs it can count on while other work crowds them (derived: the CPUs it may "

@@ -216,7 +216,7 @@ def _settings_fixes(m: dict[str, Any], kwargs: dict[str, Any], w_prop: int, more
 
 def _settings_bound(lp: Loop, m: dict[str, Any], w_prop: int, cpu_note: str, pin_fix: bool, c_err: float) -> str:
     return (f"f={lp.f:.2f}; step = max(C(1+bW/P), kD/W, U/P) with C={m['c']:.2f}, D={m['d']:.2f}, W={w_prop}, "
-            f"U={m['u']:.2f}, P={m['p']:g} (today's step = 1); loop slowdown b={BETA[1]:g} ({BETA[0]:g}-{BETA[2]:g}); "
+            f"U={m['u']:.2f}, P={m['p']:.3g} (today's step = 1); loop slowdown b={BETA[1]:g} ({BETA[0]:g}-{BETA[2]:g}); "
             f"{cpu_note}; hand-off factor k={HANDOFF_K[0]:g}-{HANDOFF_K[2]:g}"
             f"{' (D measured in the loop)' if m['d_inloop'] else ' (D measured in the workers)'}; "
             f"{HEADROOM:g}x headroom over the fewest workers that reach the best step"
@@ -243,7 +243,7 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     c_err = SAMPLE_Z * math.sqrt(max(lp.f * (1.0 - lp.f), 0.0) / n_samples)
     w_min, _ = propose_workers(m["c"] * a[1], m["d"] * k[2], m["u"], m["p"], w_cap)
     w_best = min(w_cap, max(w_min, int(math.ceil(w_min * HEADROOM - 1e-9))))
-    cpu_note = (f"P={m['p']:g} CPUs, L={rest:.1f} for the loop, so W<={w_cap}" if m["known_p"]
+    cpu_note = (f"P={m['p']:.3g} CPUs, L={rest:.1f} for the loop, so W<={w_cap}" if m["known_p"]
                 else "CPUs unknown (no process evidence): capacity not bounded")
     w_now = m["w_now"]
     bursty = bool(w_now and (lp.workers.get("busy_fraction") or 1.0) < BURSTY_BUSY and lp.f_wait > STARVED_SHARE)
@@ -268,7 +268,7 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
             threads = max(1, int(math.floor(sm.p_allowed + 1e-6)) - w_prop)
             step = sm.after(Change(workers=w_prop, pin_memory=pin_fix, persistent=recreated, intra_threads=threads))
             facts.append(Fact("process", f"busy intra-op threads of the training process beside {w_prop} new "
-                                         f"worker(s) on {sm.p_allowed:g} CPUs", sm.threads_busy))
+                                         f"worker(s) on {sm.p_allowed:.3g} CPUs", sm.threads_busy))
         speedup, interval = step.speedup, step.interval
         what = f"with {w_prop} worker{'s' if w_prop != 1 else ''}" + (f" and {threads} intra-op thread"
                                                                       f"{'s' if threads != 1 else ''}"
@@ -294,7 +294,7 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     if threads:
         fixes.insert(1, Fix(f"Cap the training process at {threads} intra-op thread{'s' if threads != 1 else ''} so "
                             f"the worker{'s' if w_prop != 1 else ''} get{'' if w_prop != 1 else 's'} a CPU "
-                            f"({sm.threads_busy} busy now on {sm.p_allowed:g} CPUs)",
+                            f"({sm.threads_busy} busy now on {sm.p_allowed:.3g} CPUs)",
                             change=f"torch.set_num_threads({threads})  # at start-up, before the first op",
                             command=f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} python ...",
                             knobs={"intra_op_threads": threads}))
@@ -316,8 +316,8 @@ def _cpu_limited_plan(lp: Loop, m: dict[str, Any], cpu_note: str) -> Plan:
     fixes = [Fix("The CPUs are the limit: make each sample cheaper to produce",
                  change=f"speed up {where}: cache decoded samples, move augmentation to the GPU, "
                         "or give this job more CPUs", knobs={"sample_cost_factor": 0.5})]
-    bound = (f"f={lp.f:.2f}; {w_now} workers already fill the {p:g} CPUs ({cpu_note}); if a sample cost half "
-             f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:g})")
+    bound = (f"f={lp.f:.2f}; {w_now} workers already fill the {p:.3g} CPUs ({cpu_note}); if a sample cost half "
+             f"the CPU: step >= max(C={c:.2f}, D/2W={d / 2:.2f}/{max(w_now, 1)}, (U-D/2)/P={u - d / 2:.2f}/{p:.3g})")
     return Plan(speedup, (1.0, speedup), bound, fixes, w_now, {}, False)
 
 

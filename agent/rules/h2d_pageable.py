@@ -44,7 +44,7 @@ def _link_bound(gpu: dict[str, Any], rx: float, link: float, speedup: float, int
     if pcie_bound < speedup:
         speedup = pcie_bound
     interval_hi = max(speedup, min(interval_hi, pcie_bound))
-    bound += f"; the same bytes at the link's {link:g} GB/s instead of today's {rx:g} GB/s: <= {pcie_bound:.1f}x"
+    bound += f"; the same bytes at the link's {link:.3g} GB/s instead of today's {rx:.3g} GB/s: <= {pcie_bound:.1f}x"
     return speedup, interval_hi, bound
 
 

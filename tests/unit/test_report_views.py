@@ -101,3 +101,64 @@ def test_text_report_with_a_lone_surrogate_in_the_command_line():
     output.emit("report", "text", report, stream)
     stream.flush()
     assert "train\\udc80.py" in raw.getvalue().decode("utf-8")
+
+
+def _small_gain_report():
+    """The starved H200 report with its top finding worth 1.08x, and the headline the ranker writes."""
+    from trainprobe.agent.ranking import headline
+    rep = json.loads((REPO / "tests/data/h200/live/starved.json").read_text())
+    f = rep["findings"][0]
+    f["expected_speedup"], f["expected_speedup_interval"] = 1.08, [1.02, 1.12]
+    rep["findings"] = [f]
+    rep["headline"] = headline(rep["findings"])
+    return rep
+
+
+def test_a_finding_below_the_limit_reads_the_same_muted_verdict_in_text_and_html():
+    rep = _small_gain_report()
+    assert "even 1.1x" in rep["headline"]
+    text, page = io.StringIO(), io.StringIO()
+    output.emit("report", "text", rep, text)
+    output.emit("report", "html", rep, page)
+    from trainprobe.reports.text import render
+    coloured = io.StringIO()
+    render(rep, coloured, color=True)
+    line = next(ln for ln in coloured.getvalue().splitlines() if ln.startswith("\x1b[2m#1"))
+    assert "1.08x (1.02-1.12x): not worth acting on" in line and "\x1b[31m" not in line     # dim, never red
+    assert "expected speedup 1.08x (1.02-1.12x): not worth acting on" in text.getvalue()
+    html = page.getvalue()
+    assert 'class="finding muted"' in html and 'data-worth-acting="no"' in html
+    assert '<span class="speedup small">1.08x expected speedup (likely 1.02-1.12x): not worth acting on</span>' in html
+
+
+def test_a_finding_above_the_limit_is_not_muted():
+    rep = json.loads((REPO / "tests/data/h200/live/starved.json").read_text())
+    page = io.StringIO()
+    output.emit("report", "html", rep, page)
+    assert 'data-worth-acting="yes"' in page.getvalue() and NOT_WORTH not in page.getvalue()
+
+
+NOT_WORTH = values.NOT_WORTH_WORDS
+
+
+def test_probes_line_gives_one_short_reason_and_json_keeps_the_long_one():
+    rep = json.loads((REPO / "tests/data/h200/live/starved.json").read_text())
+    long = ("perf not found on PATH: install perf (Debian: `apt-get install linux-perf`; Ubuntu: "
+            "`apt-get install linux-tools-common linux-tools-$(uname -r)`; Fedora/RHEL: `dnf install perf`)")
+    rep["probes"].append({"name": "perfstat", "status": "skipped", "reason": long, "seconds": 0})
+    text, js = io.StringIO(), io.StringIO()
+    output.emit("report", "text", rep, text)
+    output.emit("report", "json", rep, js)
+    probes = text.getvalue().split("probes: ", 1)[1].split("\noverhead", 1)[0]
+    assert "perfstat skipped (perf not found on PATH)" in probes and "Debian" not in probes
+    assert "full reasons: --json" in probes
+    assert long in json.loads(js.getvalue())["probes"][-1]["reason"]
+
+
+def test_html_footer_writes_probe_costs_as_values_not_json():
+    rep = json.loads((REPO / "tests/data/h200/live/starved.json").read_text())
+    rep.setdefault("overhead", {})["probes"] = {"placement": {"proc_reads": 28, "samples": 8}}
+    page = io.StringIO()
+    output.emit("report", "html", rep, page)
+    assert "placement: proc_reads 28, samples 8" in page.getvalue()
+    assert "{&quot;proc_reads" not in page.getvalue() and '{"proc_reads' not in page.getvalue()
