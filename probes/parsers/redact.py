@@ -148,8 +148,12 @@ def _glued_p(m: re.Match[str]) -> str:
     return m.group("head") + MASK
 
 
+_NEEDS_WORD = ("a credential word",)   # a rule's guard, compared by identity: _word_rx must match
+_Rule = tuple[tuple[str, ...], re.Pattern[str], Any]     # (what the lowered text must hold, pattern, replacement)
+
+
 @functools.lru_cache(maxsize=None)
-def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[tuple[re.Pattern[str], Any], ...]]:
+def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[_Rule, ...]]:
     """The rules, compiled on first use (most runs never meet a string that needs them, and their
     compilation is a few ms of the agent's start-up)."""
     i = re.IGNORECASE
@@ -158,43 +162,50 @@ def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[tuple[re.Pattern[s
     # NAME=value / --name=value inside one argv element: everything after `=` is the value.
     arg_pair = re.compile(rf"^(--?)?({_NAME})(=)(.+)$", i | re.DOTALL)
     value = rf"(?P<v>{_QUOTED}|\\\"(?:[^\"\\\n]|\\[^\"])*\\\"|\{{[^{{}}\n]*\}}|\[[^\[\]\n]*\]|[^{_STOP}{{}}]+)"
-    text_rules: tuple[tuple[re.Pattern[str], Any], ...] = (
+    # Each rule with what it needs in the lowered text to match at all (or a credential word), so a
+    # string runs only the rules it could meet.
+    text_rules: tuple[_Rule, ...] = (
         # PEM private key blocks (a truncated one is hidden to the end)
-        (re.compile(r"(-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----)(?!\*\*\*).*?(?:-----END \2-----|\Z)", re.DOTALL),
+        (("-----begin",),
+         re.compile(r"(-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----)(?!\*\*\*).*?(?:-----END \2-----|\Z)", re.DOTALL),
          r"\1***-----END \2-----"),
         # URL user-info
-        (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@\"'<>]+(?::[^/\s@\"'<>]*)?@"), r"\1" + MASK + "@"),
+        (("://",), re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@\"'<>]+(?::[^/\s@\"'<>]*)?@"), r"\1" + MASK + "@"),
         # sig= and sas= query parameters (Azure SAS); other credential names are caught below
-        (re.compile(r"([?&;](?:sig|sas)=)(?!\*\*\*)[^&#\s\"'<>]+", i), r"\1" + MASK),
+        (("sig=", "sas="), re.compile(r"([?&;](?:sig|sas)=)(?!\*\*\*)[^&#\s\"'<>]+", i), r"\1" + MASK),
         # Authorization: <scheme> <credentials> (the scheme stays); Cookie: ..., Set-Cookie: ...
-        (re.compile(rf"(\b(?:proxy-)?authori[sz]ation\s*+:\s*+(?:{_SCHEMES}\s++)?+)(?!\*\*\*)[^\r\n\"'<>]+", i),
+        (_NEEDS_WORD,
+         re.compile(rf"(\b(?:proxy-)?authori[sz]ation\s*+:\s*+(?:{_SCHEMES}\s++)?+)(?!\*\*\*)[^\r\n\"'<>]+", i),
          r"\1" + MASK),
-        (re.compile(r"(\b(?:set-)?cookies?\s*+:\s*+)(?!\*\*\*)[^\r\n\"'<>]+", i), r"\1" + MASK),
+        (_NEEDS_WORD, re.compile(r"(\b(?:set-)?cookies?\s*+:\s*+)(?!\*\*\*)[^\r\n\"'<>]+", i), r"\1" + MASK),
         # "NAME": value, 'NAME': value, \"NAME\": \"value\" (JSON, Python dicts, escaped JSON)
-        (re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<q>\\?[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*)(?!\*\*\*)"
-                    + value, i), _named),
+        (_NEEDS_WORD,
+         re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<q>\\?[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*)(?!\*\*\*)" + value, i),
+         _named),
         # NAME: value (YAML, a header named like a credential: x-api-key: ...)
-        (re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>{_NAME}):[ \t]+)(?!(?:{_SCHEMES}[ \t]+)?\*\*\*)" + value,
-                    i), _named),
+        (_NEEDS_WORD,
+         re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>{_NAME}):[ \t]+)(?!(?:{_SCHEMES}[ \t]+)?\*\*\*)" + value, i),
+         _named),
         # NAME = "quoted", NAME=value, --name=value (the value ends at whitespace or a quote)
-        (re.compile(rf"(?P<head>\b(?P<name>{_NAME})\s*=(?!=)\s*)(?!\*\*\*)" + value, i), _named),
+        (_NEEDS_WORD, re.compile(rf"(?P<head>\b(?P<name>{_NAME})\s*=(?!=)\s*)(?!\*\*\*)" + value, i), _named),
         # --name value (an option followed by its value as the next word)
-        (re.compile(rf"(?P<head>(?<![\w-])--?(?P<name>{_NAME})[ \t]+){_OPTION_AHEAD}(?!\*\*\*)"
-                    rf"(?P<v>{_QUOTED}|[^{_STOP}]+)", i), _named),
+        (_NEEDS_WORD, re.compile(rf"(?P<head>(?<![\w-])--?(?P<name>{_NAME})[ \t]+){_OPTION_AHEAD}(?!\*\*\*)"
+                          rf"(?P<v>{_QUOTED}|[^{_STOP}]+)", i), _named),
         # -p VALUE, -pVALUE (a password in some tools; a port or a count, kept, in others)
-        (re.compile(rf"(?P<head>(?:^|(?<=\s))-p[ \t]+){_OPTION_AHEAD}(?!\*\*\*)(?P<v>{_QUOTED}|[^{_STOP}]+)"),
+        (("-p",), re.compile(rf"(?P<head>(?:^|(?<=\s))-p[ \t]+){_OPTION_AHEAD}(?!\*\*\*)(?P<v>{_QUOTED}|[^{_STOP}]+)"),
          _dash_p),
-        (re.compile(rf"(?P<head>(?:^|(?<=\s))-p)(?!\*\*\*)(?P<v>[^{_STOP}\-][^{_STOP}]*)"), _glued_p),
+        (("-p",), re.compile(rf"(?P<head>(?:^|(?<=\s))-p)(?!\*\*\*)(?P<v>[^{_STOP}\-][^{_STOP}]*)"), _glued_p),
         # Bearer <token> on its own
-        (re.compile(r"(\bbearer[ \t]+)(?!\*\*\*)[A-Za-z0-9._~+/=\-]{8,}", i), r"\1" + MASK),
+        (("bearer",), re.compile(r"(\bbearer[ \t]+)(?!\*\*\*)[A-Za-z0-9._~+/=\-]{8,}", i), r"\1" + MASK),
         # Well-known token formats, anywhere
-        (re.compile(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}|\b(github_pat_)[A-Za-z0-9_]{20,}"),
+        (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+         re.compile(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}|\b(github_pat_)[A-Za-z0-9_]{20,}"),
          lambda m: (m.group(1) or m.group(2)) + MASK),
-        (re.compile(r"\b(hf_)[A-Za-z0-9]{20,}"), r"\1" + MASK),
-        (re.compile(r"(?<![A-Za-z0-9_\-])(sk-)(?=[A-Za-z0-9_\-]*\d)[A-Za-z0-9_\-]{20,}"), r"\1" + MASK),
-        (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), r"\1" + MASK),
-        (re.compile(r"\b(xox[abposr]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK),
-        (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), "eyJ" + MASK),
+        (("hf_",), re.compile(r"\b(hf_)[A-Za-z0-9]{20,}"), r"\1" + MASK),
+        (("sk-",), re.compile(r"(?<![A-Za-z0-9_\-])(sk-)(?=[A-Za-z0-9_\-]*\d)[A-Za-z0-9_\-]{20,}"), r"\1" + MASK),
+        (("akia", "asia"), re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), r"\1" + MASK),
+        (("xox",), re.compile(r"\b(xox[abposr]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK),
+        (("eyj",), re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), "eyJ" + MASK),
     )
     return opt_only, arg_pair, text_rules
 
@@ -255,8 +266,11 @@ def text(s: str) -> str:
     if not s or not isinstance(s, str):
         return s
     if _maybe(s):
-        for rx, repl in _rules()[2]:
-            s = rx.sub(repl, s)
+        low = s.lower()
+        word = _word_rx().search(s) is not None
+        for needs, rx, repl in _rules()[2]:
+            if (word if needs is _NEEDS_WORD else any(n in low for n in needs)):
+                s = rx.sub(repl, s)
     for rx in _extra:
         s = rx.sub(MASK, s)
     return s
@@ -344,9 +358,18 @@ def value(obj: Any) -> Any:
     return _Walk().value(obj)
 
 
+# A document at least this large is redacted in place (`_splice`), not parsed and written again.
+SPLICE_MIN_CHARS = 64 * 1024
+_JSON_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
 def json_text(s: str) -> str:
     """Redact a JSON document string by string (so escaped quotes cannot hide a value); text that is
     not JSON is redacted as free text."""
+    if len(s) >= SPLICE_MIN_CHARS and not _extra:
+        out = _splice(s)                # its own hint search stands for the prefilter
+        if out is not None:
+            return out
     if not _maybe(s) and not any(rx.search(s) for rx in _extra):
         return s
     try:
@@ -358,6 +381,100 @@ def json_text(s: str) -> str:
     if not w.changed:
         return s
     return json.dumps(red)
+
+
+def _quote(s: str, i: int, step: int) -> int:
+    """The index of the first unescaped `"` from `i` on (step 1) or before `i` (step -1), or -1."""
+    while True:
+        i = s.find('"', i) if step > 0 else s.rfind('"', 0, i)
+        if i < 0:
+            return -1
+        k = i
+        while k > 0 and s[k - 1] == "\\":
+            k -= 1
+        if (i - k) % 2 == 0:
+            return i
+        i = i + 1 if step > 0 else i
+
+
+def _splice(s: str) -> str | None:
+    """A large JSON document (a py-spy trace: megabytes that repeat a few thousand strings)
+    redacted in place: only the string literals that hold a hint are decoded, redacted (as
+    `_Walk` does: the string itself, and the value after a key that names a credential) and
+    written back; the rest is not parsed. Every hint lies inside a string literal of valid JSON
+    (outside them are only numbers, punctuation, true, false and null), so the nearest unescaped
+    quotes around a hint are the literal's own. None when `s` is not plain ASCII JSON or a literal
+    does not decode: the caller parses it instead."""
+    head = s[:1] if s[:1] in "[{" else s.lstrip()[:1]
+    if head not in ("[", "{") or not s.isascii():
+        return None
+    low = s.lower()
+    at: set[int] = set()
+    for h in _HINTS:
+        i = low.find(h)
+        while i >= 0:
+            at.add(i)
+            i = low.find(h, i + 1)
+    at.update(m.start() for m in _GH.finditer(low))
+    i = low.find('"-p')                     # a string that starts with -p
+    while i >= 0:
+        at.add(i + 1)
+        i = low.find('"-p', i + 1)
+    if not at:
+        return s
+    memo: dict[str, str] = {}
+    edits: list[tuple[int, int, str]] = []
+    end = -1
+    for p in sorted(at):
+        if p <= end:
+            continue
+        q0 = _quote(s, p, -1)
+        q1 = _quote(s, p, 1)
+        if q0 < 0 or q1 < 0:
+            return None
+        lit = s[q0:q1 + 1]
+        try:
+            dec = json.loads(lit)
+        except ValueError:
+            return None
+        end = q1
+        red = memo.get(dec)
+        if red is None:
+            red = memo[dec] = text(dec)
+        if red != dec:
+            edits.append((q0, q1 + 1, json.dumps(red)))
+        # A key that names a credential: the value after it, a string or a number, is hidden.
+        j = q1 + 1
+        while j < len(s) and s[j] in " \t\r\n":
+            j += 1
+        if j >= len(s) or s[j] != ":" or not is_credential_name(dec):
+            continue
+        j += 1
+        while j < len(s) and s[j] in " \t\r\n":
+            j += 1
+        if s[j:j + 1] == '"':
+            v1 = _quote(s, j + 1, 1)
+            if v1 < 0:
+                return None
+            try:
+                v = json.loads(s[j:v1 + 1])
+            except ValueError:
+                return None
+            if _secret(red, v):
+                edits.append((j, v1 + 1, json.dumps(MASK)))
+                end = v1
+        else:
+            m = _JSON_NUMBER.match(s, j)
+            if m and _secret(red, m.group(0)):
+                edits.append((j, m.end(), json.dumps(MASK)))
+    if not edits:
+        return s
+    out, last = [], 0
+    for a, b, r in edits:
+        out += [s[last:a], r]
+        last = b
+    out.append(s[last:])
+    return "".join(out)
 
 
 def artifact(name: str, s: str) -> str:

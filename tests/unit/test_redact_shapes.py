@@ -184,3 +184,47 @@ def test_json_lines_artifacts_are_redacted_line_by_line():
 def test_an_unchanged_json_document_is_returned_as_given():
     s = json.dumps([{"name": "tokenize (tokenization_utils_base.py:3)", "args": {"line": 3}}], indent=1)
     assert redact.json_text(s) is s
+
+
+def _random_docs(n: int):
+    import random
+    rnd = random.Random(3)
+    strs = [g for g, _ in HIDDEN] + KEPT + ["password", "api_key", "*** key=S1", 'a\\"b --token X', 'tok"en=1',
+                                            "-p S2", "-P s3cret"]
+    keys = strs + ["name", "args", "password", "tokens", "max_tokens", "session_notes", "x-api-key"]
+
+    def rv(d: int = 0):
+        c = rnd.random()
+        if d > 3 or c < 0.4:
+            return rnd.choice(strs)
+        if c < 0.5:
+            return rnd.choice([512, 3.5, -1, True, None, "512", 12345678])
+        if c < 0.75:
+            return [rv(d + 1) for _ in range(rnd.randint(0, 4))]
+        return {rnd.choice(keys): rv(d + 1) for _ in range(rnd.randint(0, 4))}
+    for _ in range(n):
+        yield [rv() for _ in range(rnd.randint(1, 5))]
+
+
+def test_a_large_document_redacted_in_place_reads_as_the_parsed_one():
+    """`_splice` (large documents, only the literals holding a hint are touched) gives the document
+    the parse-and-walk path gives, on random documents of the table's strings and on a real trace."""
+    from tests.helpers import h200_chrometrace
+    n = 0
+    for doc in _random_docs(100):
+        for indent in (None, 1):
+            s = json.dumps(doc, indent=indent)
+            spliced = redact._splice(s)
+            assert spliced is not None
+            assert json.loads(spliced) == redact.value(json.loads(s)), s
+            n += 1
+    assert n == 200
+    trace = h200_chrometrace("healthy")
+    assert len(trace) >= redact.SPLICE_MIN_CHARS
+    assert redact.json_text(trace) is trace
+    planted = trace.replace('"name":"', '"name":"--api-key=PLANTED1 Authorization: Bearer PLANTED2 ', 3)
+    out = redact.json_text(planted)
+    assert "PLANTED" not in out and json.loads(out) == redact.value(json.loads(planted))
+    assert redact._splice('{"a": "\\u00e9 --token X"}') is not None
+    assert redact._splice("not json --token X") is None
+    assert redact._splice('["unterminated --token X') is None
