@@ -1,6 +1,7 @@
 """Terminal view of a preflight report: one row per check, the problems explained beneath them."""
 from __future__ import annotations
 
+import itertools
 import textwrap
 from typing import Any, TextIO
 
@@ -11,9 +12,10 @@ ORDER = {"critical": 0, "warn": 1, "unknown": 2, "ok": 3}
 WIDTH = 118
 
 
-def _cut(s: Any, n: int) -> str:
+def _cells(s: Any, n: int) -> list[str]:
+    """A cell's text wrapped to its column (words kept whole; a word longer than the column is split)."""
     s = " ".join(str("" if s is None else s).split())
-    return s if len(s) <= n else s[:n - 3] + "..."
+    return textwrap.wrap(s, n, break_on_hyphens=False) or [""]
 
 
 def _status(st: Style, s: str) -> str:
@@ -41,10 +43,15 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None, ve
     info = [c for c in report["checks"] if c.get("informational")]
 
     def row(c: dict[str, Any], dim: bool = False) -> None:
-        text = (f"{c['check']:<{widths[0]}} {_cut(c.get('target') or '', widths[1]):<{widths[1]}} "
-                f"{_cut(c['observed'], widths[2]):<{widths[2]}} {_cut(c['expected'], widths[3]):<{widths[3]}} "
-                f"{fmt_value(c['duration_s'], 's')}")
-        lines.append(f"{_status(st, c['status'])}  " + (st.dim(text) if dim else text))
+        # Cells wrap within their columns (never cut mid-word): a row takes as many lines as its
+        # longest cell.
+        cols = [_cells(c["check"], widths[0]), _cells(c.get("target") or "", widths[1]),
+                _cells(c["observed"], widths[2]), _cells(c["expected"], widths[3])]
+        for k, parts in enumerate(itertools.zip_longest(*cols, fillvalue="")):
+            text = " ".join(f"{x:<{w}}" for x, w in zip(parts, widths))
+            text = text + " " + fmt_value(c["duration_s"], "s") if k == 0 else text.rstrip()
+            head = f"{_status(st, c['status'])}  " if k == 0 else " " * 10
+            lines.append(head + (st.dim(text) if dim else text))
         if c["status"] != "ok" or verbose:
             ind = " " * 10
             lines.append(textwrap.fill(c["message"], WIDTH, initial_indent=ind, subsequent_indent=ind + "  "))

@@ -62,10 +62,13 @@ def gpu_count(r: Reads, p: dict[str, Any]) -> Result:
             return Result("critical", observed, expected, f"the profile expects {want} GPU(s); none is on the PCI bus",
                           remediation="check the GPUs are seated and powered; read the BMC log",
                           value=0, unit="gpus", source=src, details=details)
+        # No NVIDIA PCI device and no driver: a node without GPUs by design, most likely. It stays
+        # unknown rather than ok, because the default profile cannot tell it from a GPU node whose
+        # GPUs all left the bus; the shipped cpu-node profile says so ([gpu] count = 0).
         return Result("unknown", observed, expected,
-                      "no NVIDIA GPU on the PCI bus and no NVIDIA driver: the GPU checks cannot run here",
-                      remediation="on a CPU-only node, use a profile with [gpu] count = 0", source=src,
-                      details=details)
+                      "no GPU on this node (no NVIDIA PCI device, no NVIDIA driver): the GPU checks cannot run here",
+                      remediation="on a node without GPUs by design, use --profile cpu-node (host checks only)",
+                      source=src, details={**details, "no_gpu_by_design": n_pci == 0})
     n = _v(d.get("count"))
     observed = f"{pci_s}; NVML sees {n}" + (f"; driver {d.get('driver')}" if d.get("driver") else "")
     if n is None:
