@@ -318,6 +318,33 @@ def _capture(doc: Any, what: str, values: list[int]) -> Capture:
                    artifacts=dict(artifacts), provenance=list(provenance), meta=dict(meta))
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The context's declared shape, as diagnosis and preflight write it: key -> (type, its fields' types).
+_CONTEXT = {"host": (dict, {"cpus": (int, type(None)), "numa_nodes": (int, type(None)), "hostname": (str, type(None)),
+                            "gpus": (list, type(None))}),
+            "target": (dict, {"pid": (int, type(None)), "cmdline": (str, type(None)), "workers": (list, type(None))}),
+            "window": (dict, {"start_unix": (int, float), "seconds": (int, float)}),
+            "session_notes": (list, {}), "tiers": (list, {}), "command": (str, {})}
+
+
+def _check_context(path: str, context: dict[str, Any]) -> None:
+    """A context of the wrong shape is refused here, with the key, not found later by a rule."""
+    for key, (kind, fields) in _CONTEXT.items():
+        if key not in context:
+            continue
+        v = context[key]
+        if not isinstance(v, kind):
+            raise BundleError(f"{path}: {INDEX} is malformed (context.{key} must be a {kind.__name__})")
+        for f, kinds in fields.items():
+            if f in v and (not isinstance(v[f], kinds) or isinstance(v[f], bool)):
+                raise BundleError(f"{path}: {INDEX} is malformed (context.{key}.{f} has the wrong type)")
+    if not all(isinstance(n, str) for n in context.get("session_notes") or []):
+        raise BundleError(f"{path}: {INDEX} is malformed (context.session_notes must be a list of text)")
+
+
 def load(path: str) -> Bundle:
     """A bundle, a directory or a .tar.gz, from anyone: BundleError (one line) for anything that is
     not one within the caps."""
@@ -375,10 +402,15 @@ def _from_members(path: str, member: Any) -> Bundle:
             report = redact.value(_json(data, f"{path}: report.json", values))
         except BundleError:
             report = None                       # the live run's report is optional: only compared
+        findings = report.get("findings", []) if isinstance(report, dict) else None
+        if not isinstance(findings, list) or not all(isinstance(f, dict) and isinstance(f.get("id"), str)
+                                                     for f in findings):
+            report = None
     context, overhead, notes, tool = (index.get(k) for k in ("context", "overhead", "notes", "tool"))
     if not all(isinstance(x, (dict, type(None))) for x in (context, overhead, tool)) or \
             not isinstance(notes, (list, type(None))):
         raise BundleError(f"{path}: {INDEX} is malformed (context, overhead, tool must be objects, notes a list)")
+    _check_context(path, context or {})
     saved, version = index.get("saved_unix"), (tool or {}).get("version")
     return Bundle(captures=captures, context=redact.value(dict(context or {})), overhead=dict(overhead or {}),
                   notes=[str(n) for n in redact.value(list(notes or []))], report=report,

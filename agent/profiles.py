@@ -9,13 +9,12 @@ trainprobe bundle) for `flamegraph --diff BEFORE`.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from trainprobe.probes.parsers import pystacks
+from trainprobe.probes.parsers import pystacks, safejson
 from trainprobe.probes.base import Capture
 from trainprobe.probes.pyspy import split_traces
 from trainprobe.reports import folded, speedscope
@@ -48,7 +47,7 @@ def pyspy_capture(captures: list[Capture]) -> Capture | None:
 
 def stacks_of(cap: Capture) -> Stacks:
     try:
-        events = json.loads(cap.artifacts["chrometrace.json"])
+        events = safejson.loads(cap.artifacts["chrometrace.json"], "chrometrace.json")
     except (KeyError, ValueError) as exc:
         raise ProfileError(f"the py-spy capture holds no readable chrometrace ({exc})") from None
     traces = pystacks.read_chrometrace(events)
@@ -135,9 +134,9 @@ def _load_profile(path: str, threads: bool = False, subprocesses: bool = False) 
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
-            doc: Any = json.loads(text)
-        except ValueError as exc:
-            raise ProfileError(f"{path} is not valid JSON: {exc}") from None
+            doc: Any = safejson.loads(text, path)
+        except ValueError as exc:      # over a cap or not JSON: safejson's one line names the path
+            raise ProfileError(str(exc)) from None
         if isinstance(doc, dict) and doc.get("$schema") == speedscope.SCHEMA:
             merged: dict[str, int] = {}
             for _name, prof, _unit in speedscope.read(doc, path_label=pystacks.short_path):

@@ -6,7 +6,7 @@ Builds, in a temporary directory, bundles crafted to exhaust the reader:
   pax-bomb       a PAX extended header of --pax-mib MiB before the real members
   gzip-declared  one capture member whose header declares 4 GiB (spaces)
   gzip-members   --members capture members of --member-mib MiB of spaces each, all listed
-  deep-json      a bundle.json whose context nests 980 levels
+  deep-json      a bundle.json whose context nests 900 levels
 and runs `python -m trainprobe.agent report BUNDLE` on each as a child, printing its exit code,
 peak RSS (the child's ru_maxrss, from wait4) and wall time, with the file's size on disk, and the
 same figures for a real bundle (the H200 starved capture) as the yardstick.
@@ -85,7 +85,7 @@ def main() -> None:
         cases["gzip-members"] = p
         deep = {"window": {"seconds": 1}}
         cur = deep
-        for _ in range(980):
+        for _ in range(900):
             cur["x"] = {}
             cur = cur["x"]
         p = os.path.join(d, "deep.tar.gz")

@@ -85,7 +85,11 @@ def command(app: App, bundle_path: str, as_json: bool, html_path: str | None) ->
         # Bundles saved before the session's notes were kept apart from the rules': keep only the
         # session's own lines, the rules make theirs again.
         notes = [n for n in b.notes if n.startswith(("the target exited", "interrupted after"))]
-    rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead, notes)
+    try:
+        rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead, notes)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:   # a context no live run writes
+        raise app.fail(f"{bundle_path}: the bundle's context is malformed ({type(exc).__name__}: {exc})",
+                       EXIT_BAD_INPUT) from None
     rep["command"] = "report"
     rep["source"] = {"bundle": bundle_path, "saved_unix": b.saved_unix, "saved_by_version": b.tool_version,
                      "live_findings": _finding_ids(b.report) if b.report is not None else None}

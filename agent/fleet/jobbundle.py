@@ -26,7 +26,7 @@ INDEX = "job.json"
 
 
 def is_job_bundle(path: str) -> bool:
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, INDEX))
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, INDEX))    # a planted link is refused, not missed
 
 
 def _safe(name: str) -> str:
@@ -154,8 +154,12 @@ def rediagnose(path: str) -> dict[str, Any]:
                             os.close(fd)
                         if not isinstance(b.context.get("window"), dict):
                             raise bundle.BundleError(f"{os.path.join(path, rel)}: no diagnosis window in its context")
-                        rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead,
-                                                        b.context.get("session_notes") or [])
+                        try:
+                            rep, ev = diagnosis.report_from(b.captures, b.context, b.overhead,
+                                                            b.context.get("session_notes") or [])
+                        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                            raise bundle.BundleError(f"{os.path.join(path, rel)}: its context is malformed "
+                                                     f"({type(exc).__name__}: {exc})") from None
                     except bundle.BundleError as exc:
                         entry.update(status="failed", reason=f"its bundle was not read: {exc}", exit_code=2)
                         skipped.append(f"node {p['node']}: bundle skipped: {exc}")
