@@ -12,6 +12,7 @@ FINDING_IDS = (
     "dataloader.starved", "h2d.pageable", "host.sync", "host.launch_bound", "cpu.oversubscribed",
     "gil.contention", "io.small_reads", "numa.remote", "pcie.degraded", "cpu.memory_bound",
     "compute.bound",
+    "cpu.contended",
 )
 
 

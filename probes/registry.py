@@ -18,6 +18,7 @@ PROBES: tuple[tuple[str, str, str, bool], ...] = (
     ("topology", "trainprobe.probes.topology", "TopologyProbe", True),
     ("placement", "trainprobe.probes.placement", "PlacementProbe", True),
     ("pressure", "trainprobe.probes.pressure", "PressureProbe", True),
+    ("contention", "trainprobe.probes.contention", "ContentionProbe", True),
     ("throttle", "trainprobe.probes.throttle", "ThrottleProbe", False),
     ("sched", "trainprobe.probes.sched", "SchedProbe", False),
     ("syscalls", "trainprobe.probes.syscalls", "SyscallsProbe", False),

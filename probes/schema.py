@@ -577,6 +577,87 @@ class ThrottleEvidence(TypedDict):
     throttled_share_of_window: Optional[float]
 
 
+# -- contention ----------------------------------------------------------------------------------
+
+class JobThreadWait(TypedDict):
+    pid: int
+    tid: int
+    name: str
+    main: bool                       # the process's main thread (tid == pid)
+    target: bool                     # a thread of the target process
+    cpu_seconds: float               # schedstat on-CPU time over the window
+    runq_seconds: float              # schedstat run-queue wait (runnable, not running)
+    cpu_share: float                 # of the window
+    runq_share: float                # of the window
+    last_cpus: List[int]             # the CPUs it was seen on (start, samples, end)
+    seen: Literal["both", "start", "end"]
+
+
+class Competitor(TypedDict):
+    pid: int
+    ppid: int
+    comm: str
+    kernel_thread: bool
+    cmdline: str                     # redacted; "[comm]" for a kernel thread
+    user: Optional[str]
+    uid: Optional[int]
+    nice: Optional[int]
+    cgroup: Optional[str]            # cgroup v2 path
+    cpus_allowed: Optional[str]
+    cpu_seconds: float               # over the window, on any CPU
+    cpu_seconds_on_job_cpus: float
+    share_of_job_cpus: float         # cpu_seconds_on_job_cpus / (window * job CPUs)
+    attribution: Literal["inside", "outside", "sampled", "overlap"]
+    weight: float                    # share of its CPU time placed on the job's CPUs
+    started_in_window: bool
+    sibling_of_target: bool          # the target's parent and command: another rank of the launch
+
+
+class CpuWindow(TypedDict):
+    run_s: float                     # user + nice + system
+    idle_s: float                    # idle + iowait
+    irq_s: float                     # irq + softirq
+    steal_s: float
+    job_s: float                     # the job's threads (spread over the CPUs they were seen on)
+    others_s: float                  # run + irq - job
+
+
+class ContentionEvidence(TypedDict):
+    pid: int
+    window_s: float
+    source: Literal["procfs"]
+    job_pids: List[int]
+    job_cpus: str
+    job_cpu_count: int
+    cpu_quota_cores: Optional[float]
+    job_cpu_budget: float            # CPUs the job may use: affinity, capped by its cgroup quota
+    job_cpu_budget_basis: str
+    cpuset_cpus: Optional[str]       # its cgroup's cpuset.cpus.effective: where it may be moved
+    cgroup: Optional[str]
+    cpus_online: str
+    job_threads: List[JobThreadWait]
+    job_cpu_seconds: float
+    job_runnable_mean: float         # sum of the job's threads' cpu_share + runq_share
+    training_thread_runq_share: Optional[float]
+    training_thread_cpu_share: Optional[float]
+    workers_runq_share_mean: Optional[float]
+    per_cpu: Dict[int, CpuWindow]
+    others_cpu_seconds_on_job_cpus: Optional[float]   # /proc/stat: job CPUs' run + irq - job - agent
+    competitors_cpu_seconds_on_job_cpus: float        # the outside processes', placed on the job's CPUs
+    irq_seconds_on_job_cpus: float
+    steal_seconds_on_job_cpus: float
+    agent_cpu_seconds_on_job_cpus: float
+    competitors: List[Competitor]                     # the busiest on the job's CPUs first (at most 20)
+    competitors_total: int
+    processes_scanned: int
+    scan_capped: bool
+    max_processes: int
+    exited_during_window: int
+    ticks: int
+    tracked_processes: int
+    capture_cpu_seconds: float
+
+
 # -- sched ---------------------------------------------------------------------------------------
 
 class Waker(TypedDict):

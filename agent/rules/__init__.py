@@ -29,6 +29,7 @@ RULE_MODULES = (
     "trainprobe.agent.rules.numa_remote",
     "trainprobe.agent.rules.pcie_degraded",
     "trainprobe.agent.rules.cpu_oversubscribed",
+    "trainprobe.agent.rules.cpu_contended",
     "trainprobe.agent.rules.io_small_reads",
     "trainprobe.agent.rules.gil_contention",
     "trainprobe.agent.rules.h2d_pageable",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainprobe.agent.combiners.cpu_wait import training_wait
 from trainprobe.agent.combiners.gil_wait import gil_wait, suspects
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import FINDING_IDS, Fact, Finding, pct
@@ -24,6 +25,9 @@ from trainprobe.agent.rules._gpu_facts import period_fact
 WORTH_ACTING = 1.10           # a host-side finding below this gain does not count as a stall
 COMPUTE_SHARE = 0.60          # forward + backward + optimizer share of the training thread
 GPU_BUSY = 0.85               # the GPU's busy share above which it is the step's limit
+# A training thread that waited for a CPU this share of the window is not compute-bound: something
+# took its CPU (cpu.contended, cpu.oversubscribed), and py-spy shows that wait inside forward/backward.
+RUNQ_NOT_COMPUTE = 0.10
 OTHER_IDS = tuple(i for i in FINDING_IDS if i != "compute.bound")
 
 
@@ -54,7 +58,7 @@ def _unmeasured(ev: Evidence, gw: dict[str, Any] | None, busy: float | None) -> 
     return out
 
 
-@rule("compute.bound", requires=("pyspy",), uses=("process", "gpu"),
+@rule("compute.bound", requires=("pyspy",), uses=("process", "gpu", "contention", "sched"),
       description="nothing on the host holds the step back: compute dominates", after=OTHER_IDS)
 def compute_bound(ev: Evidence) -> Finding | None:
     if _stall_found(ev):
@@ -63,11 +67,23 @@ def compute_bound(ev: Evidence) -> Finding | None:
     if not tt:
         return None
     bd = tt["breakdown"]
-    compute = bd.get("forward", 0.0) + bd.get("backward", 0.0) + bd.get("optimizer", 0.0)
+    in_frames = bd.get("forward", 0.0) + bd.get("backward", 0.0) + bd.get("optimizer", 0.0)
     busy = (ev.get("gpu") or {}).get("busy_fraction")
-    facts = [Fact("pyspy", "share of the training thread in forward, backward and optimizer", round(compute, 3)),
+    # py-spy's compute frames include the time the thread waited for a CPU inside them: the loop is
+    # compute-bound only for the share it was on a CPU.
+    wait = training_wait(ev)
+    r = wait["r"] if wait else 0.0
+    if wait and r >= RUNQ_NOT_COMPUTE and not (busy is not None and busy >= GPU_BUSY):
+        ev.note(f"Not compute-bound: the training thread waited for a CPU {pct(r)} of the window "
+                f"({wait['how']}); py-spy's {pct(in_frames)} in forward/backward/optimizer includes that wait.")
+        return None
+    compute = max(0.0, in_frames - r)
+    facts = [Fact("pyspy", "share of the training thread in forward, backward and optimizer", round(in_frames, 3)),
              Fact("pyspy", "share waiting for or loading batches",
                   round(bd.get("data_wait", 0.0) + bd.get("data_load", 0.0), 3))]
+    if wait:
+        facts.append(Fact(wait["source"], "of which the training thread waited for a CPU "
+                                          f"({wait['how']}; subtracted: compute on a CPU is the rest)", r))
     if busy is not None:
         facts.insert(0, Fact("gpu", "share of the window the GPU was busy", busy))
     device_busy = busy is not None and busy >= GPU_BUSY

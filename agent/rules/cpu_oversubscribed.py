@@ -127,8 +127,8 @@ def _facts(ld: dict[str, Any], source: str, p_cpus: float, others: float | None,
         facts.append(Fact("sched", "training thread: involuntary preemptions, yields while runnable",
                           f"{ts.get('involuntary_preemptions')}, {ts.get('yields')}"))
     if others is not None:
-        facts.append(Fact("sched", "CPU cores used by other processes on the host (host busy minus the job)",
-                          round(others, 2)))
+        facts.append(Fact("sched", "CPU cores used by other processes (on the job's CPUs where the contention probe "
+                                   "ran, else the host's busy cores minus the job)", round(others, 2)))
     if f_data is not None:
         facts.append(Fact("pyspy", "share of the training thread waiting for or loading batches", round(f_data, 3)))
     return facts
@@ -198,7 +198,7 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
     return fixes
 
 
-@rule("cpu.oversubscribed", requires=("process",), uses=("sched", "pyspy"),
+@rule("cpu.oversubscribed", requires=("process",), uses=("sched", "pyspy", "contention"),
       description="more runnable threads than CPUs, measured as run-queue delay (eBPF or schedstat)")
 def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     proc = ev.get("process") or {}
@@ -213,7 +213,11 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     sched = ev.get("sched") or {}
     job_cores = float(proc.get("total_cpu_cores") or sum(r["cpu"] for r in rows))
     others = None
-    if sched.get("host_busy_cores") is not None:
+    con = ev.get("contention") or {}
+    if con.get("others_cpu_seconds_on_job_cpus") is not None:
+        # Others measured on the job's own CPUs (contention probe): their share is cpu.contended's.
+        others = float(con["others_cpu_seconds_on_job_cpus"]) / (float(con["window_s"]) or 1e-6)
+    elif sched.get("host_busy_cores") is not None:
         others = max(0.0, float(sched["host_busy_cores"]) - job_cores)
     # Oversubscribed: the job's own runnable threads exceed the CPUs it may use. Other processes
     # that crowd a job which fits its CPUs are context (and shrink the thread numbers proposed),
@@ -227,7 +231,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     q = min(1.0, job_cores / p_cpus) if p_cpus else 1.0
     speedup, interval, bound = _gain(ld, source, worker_hit, f_data, q)
     conf = "high" if (source == "sched" and ld["r_loop"] >= 0.10) else "medium"
-    if source != "sched" and q < 0.6:
+    if source != "sched" and q < 0.6 and others is None:
         conf = "low"      # the job held under 60% of its CPUs: others' load, unmeasured, may cause the wait
         facts.append(Fact("process", "share of its CPUs the job held over the window (the rest went to other "
                                      "processes, not measured without --deep)", round(q, 3)))
