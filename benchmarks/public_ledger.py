@@ -48,6 +48,9 @@ sys.path.insert(0, str(REPO))
 from scripts.ledger import HEALTHY_MAX, QUIET, Job  # noqa: E402
 
 PY = sys.executable
+# The trainprobe that diagnoses: this checkout, or a frozen copy of it (TRAINPROBE_LEDGER_AGENT=DIR,
+# e.g. one made with --freeze before a device run, so files edited meanwhile do not travel half-done).
+AGENT = Path(os.environ.get("TRAINPROBE_LEDGER_AGENT") or REPO).resolve()
 PUBLIC = REPO / ".public"
 SRC = PUBLIC / "src"
 INJECT = REPO / "benchmarks" / "inject"
@@ -219,20 +222,21 @@ def cpu_jobs() -> list[PublicJob]:
         PublicJob("wlm-cpu", "cpu", EX, "word_language_model/main.py",
                   ["--epochs", "1000", "--emsize", "128", "--nhid", "128", "--bptt", "35", "--batch_size", "20"],
                   "pytorch/examples word-level LSTM language model on CPU (no DataLoader)",
-                  cwd="word_language_model", data=lambda w: make_words(w / "word_language_model")),
+                  cwd="word_language_model", data=lambda w: make_words(w / "word_language_model"),
+                  env={"TRAINPROBE_LEDGER_COUNT": "backward"}),
         PublicJob("dcgan-cpu", "cpu", EX, "dcgan/main.py",
-                  ["--dataset", "fake", "--workers", "1", "--imageSize", "32", "--batchSize", "32", "--ngf", "16",
-                   "--ndf", "16", "--niter", "1000", "--outf", "/tmp/trainprobe-dcgan-out"],
-                  "pytorch/examples DCGAN on FakeData (32x32), 1 worker, CPU", cwd="dcgan"),
+                  ["--dataset", "fake", "--workers", "1", "--batchSize", "16", "--ngf", "16", "--ndf", "16",
+                   "--niter", "1000", "--outf", "/tmp/trainprobe-dcgan-out"],
+                  "pytorch/examples DCGAN on FakeData (64x64), 16/16 filters, 1 worker, CPU", cwd="dcgan"),
         PublicJob("nanogpt-cpu-pipe", "cpu", NANO, "train.py", NANO_CPU + ["--compile=False"],
                   "nanoGPT train.py, a 2-layer GPT on random tokens, CPU, not compiled, with an injected "
                   "background thread blocked in os.read of a pipe", data=make_tokens, thread="pipe",
                   flags=NANO_FLAGS, expect_not=("gil.contention",),
                   background="injected: one thread blocked in os.read of a pipe (a metrics uploader)"),
         PublicJob("nanogpt-cpu-spin", "cpu", NANO, "train.py", NANO_CPU + ["--compile=False"],
-                  "nanoGPT train.py on CPU with an injected background thread spinning in pure Python",
+                  "nanoGPT train.py on CPU with an injected background thread running pure Python in 20 ms bursts",
                   data=make_tokens, thread="spin", flags=NANO_FLAGS, expect="gil.contention",
-                  background="injected: one thread running pure Python without pausing"),
+                  background="injected: one thread running pure Python, 20 ms bursts, 2 ms pauses"),
         PublicJob("nanogpt-cpu-compiled", "cpu", NANO, "train.py", NANO_CPU + ["--compile=True"],
                   "nanoGPT train.py on CPU compiled with torch.compile (inductor, C++ backend)",
                   data=make_tokens, flags=NANO_FLAGS, compiled=True, warmup=15.0, expect_not=("gil.contention",),
@@ -374,6 +378,20 @@ class PublicProc(Job):
                 raise RuntimeError("job exited:\n" + "".join(self.tail))
             time.sleep(0.2)
 
+    def rate(self, seconds: float, longest: float = 30.0) -> float:
+        """Steps/s over at least SECONDS and at least two progress points (a slow job's window is
+        stretched up to LONGEST seconds)."""
+        t0 = time.time()
+        time.sleep(seconds)
+        while True:
+            pts = [p for p in self.points if p[0] >= t0]
+            if len(pts) >= 2 and pts[-1][1] - pts[0][1] >= 2:
+                (a, na), (b, nb) = pts[0], pts[-1]
+                return (nb - na) / (b - a)
+            if time.time() - t0 > longest or self.proc.poll() is not None:
+                raise RuntimeError("too few progress points in the window:\n" + "".join(self.tail))
+            time.sleep(0.2)
+
     def injected(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
 
@@ -414,8 +432,8 @@ def interleaved(procs: list[PublicProc], seconds: float, settle: float, min_reps
 
 def diagnose(pid: int, bundle: Path, duration: float, extra: list[str]) -> dict[str, Any]:
     r = subprocess.run([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(duration),
-                        "--json", "--save", str(bundle), *extra], cwd=REPO, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=duration + 240)
+                        "--json", "--save", str(bundle), *extra], cwd=AGENT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(AGENT)), timeout=duration + 240)
     if r.returncode not in (0, 1, 2):
         raise RuntimeError(f"diagnose exited {r.returncode}: {r.stderr[-2000:]}")
     try:
@@ -439,14 +457,20 @@ def brief(fs: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "knobs": finding_knobs(f)} for f in fs]
 
 
-def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float) -> dict[str, Any]:
+def describe(job: PublicJob) -> dict[str, Any]:
+    return {"job": job.name, "kind": job.kind, "repo": job.repo, "commit": job.commit, "script": job.script,
+            "cwd": job.cwd, "argv": job.argv, "what": job.what, "command": " ".join(job.command()), "env": job.env,
+            "compiled": job.compiled, "background": job.background, "injected_thread": job.thread,
+            "expect": job.expect, "expect_not": list(job.expect_not)}
+
+
+def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float,
+            row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Diagnose, apply, measure; ROW is filled as it goes (a caller keeps what an error leaves)."""
     t0 = time.time()
     w = prepare(job)
-    row: dict[str, Any] = {"job": job.name, "kind": job.kind, "repo": job.repo, "commit": job.commit,
-                           "script": job.script, "cwd": job.cwd, "argv": job.argv, "what": job.what,
-                           "command": " ".join(job.command()), "env": job.env, "compiled": job.compiled,
-                           "background": job.background, "injected_thread": job.thread,
-                           "expect": job.expect, "expect_not": list(job.expect_not)}
+    row = row if row is not None else {}
+    row.update(describe(job))
     before = PublicProc(job, thread=job.thread, tag="before")
     procs = [before]
     try:
@@ -547,7 +571,34 @@ def machine_note() -> dict[str, Any]:
         note["torch"] = torch.__version__
     except ImportError:
         pass
+    frozen = AGENT / ".frozen.json"
+    note["agent"] = (json.loads(frozen.read_text()) if frozen.exists() else
+                     {"root": str(AGENT), **tree_state(AGENT)})
     return note
+
+
+def tree_state(root: Path) -> dict[str, Any]:
+    """The checkout's commit and the files that differ from it (the code that diagnosed)."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return r.stdout if r.returncode == 0 else ""
+    dirty = [ln[3:] for ln in git("status", "--porcelain", "--", "agent", "probes", "reports").splitlines() if ln]
+    return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted": dirty}
+
+
+def freeze(dst: Path) -> None:
+    """Copy the trainprobe code as it is now (committed and not) to DST, with its state."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for part in ("agent", "probes", "reports", "trainprobe", "setup.cfg", "setup.py"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dst / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy(src, dst / part)
+    (dst / ".frozen.json").write_text(json.dumps({"root": "frozen copy", "frozen_at": time.strftime(
+        "%Y-%m-%d %H:%M UTC", time.gmtime()), **tree_state(REPO)}))
+    print(dst)
 
 
 # -- statistics and the page ----------------------------------------------------------------------
@@ -573,9 +624,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     nx = [e for r in rows for e in r.get("applied") or [] if e["variant"] == "next" and e.get("status") == "measured"]
     if nx:
         out["next"] = [{"finding": e["finding"], "predicted": e["predicted"], "measured": e["measured"]} for e in nx]
-    out["gil_false_alarms"] = [r["job"] for r in rows if "gil.contention" in r.get("expect_not", ())
-                               and r.get("gil_claimed")]
-    out["expected_missed"] = [r["job"] for r in rows if r.get("expect") and r.get("top") != r["expect"]]
+    def ids(r: dict[str, Any]) -> list[str]:
+        return [f["id"] for f in r.get("replay_findings") or r.get("findings") or []]
+    seen = [r for r in rows if ids(r)]
+    out["gil_false_alarms"] = [r["job"] for r in seen if "gil.contention" in r.get("expect_not", ())
+                               and "gil.contention" in ids(r)]
+    out["expected_missed"] = [r["job"] for r in seen if r.get("expect") and r["expect"] not in ids(r)]
     return out
 
 
@@ -594,7 +648,11 @@ def render(leds: list[dict[str, Any]]) -> str:
                 "|---|---|---|---|---|---|"]
         for r in led["rows"]:
             if r.get("error"):
-                out.append(f"| {r['job']} | error | | {r['error'][:100]} | | |")
+                last = (r["error"].strip().splitlines() or [""])[0]
+                rf = (r.get("replay_findings") or [None])[0]
+                seen = (f"{rf['id']} (replayed) | {rf['expected_speedup']:.2f}x "
+                        f"({rf['interval'][0]:.2f}-{rf['interval'][1]:.2f})" if rf else "error |")
+                out.append(f"| {r['job']} | {seen} | run failed: {last[:120].replace('|', '/')} | | |")
                 continue
             top = r.get("top") or "none"
             tf = next((f for f in r.get("findings", []) if f["id"] == r.get("top")), None)
@@ -624,7 +682,7 @@ def render(leds: list[dict[str, Any]]) -> str:
                 pm = f"{e['pred_over_meas']:.2f}" if e.get("pred_over_meas") else ""
                 out.append(f"| {r['job']} | {top} | {pred} | {label} | {e['measured']:.2f}x ({lo:.2f}-{hi:.2f}), "
                            f"{e['reps']} | {pm} |")
-        s = summary([r for r in led["rows"] if not r.get("error")])
+        s = summary(led["rows"])
         out += [""]
         if s.get("measured"):
             out += [f"Measured rows: {s['measured']} of {s['rows']}; pred/meas within 0.8-1.25: "
@@ -642,25 +700,60 @@ def to_tests(paths: list[Path]) -> None:
     """Copy ledgers and their bundles into tests/data/ledger/public/, with each bundle's top finding
     under the current rules (what tests/replay/test_public_ledger.py checks stays stable)."""
     (TESTS / "bundles").mkdir(parents=True, exist_ok=True)
+    by_kind: dict[str, dict[str, Any]] = {}
     for path in paths:
+        # runs of one kind are joined: a later run's row replaces the same job's earlier row
         led = json.loads(path.read_text())
         for r in led["rows"]:
+            saved = path.parent / "bundles" / f"{r['job']}.tar.gz"
+            if not r.get("bundle") and r.get("error") and saved.exists():
+                # the run failed after the diagnosis: its bundle is kept, its findings replayed below
+                r["bundle"], r["bundle_of_failed_run"] = f"bundles/{saved.name}", True
+            if r.get("bundle"):
+                r["bundle"] = str((path.parent / r["bundle"]).resolve())
+        kind = led["meta"]["kind"]
+        if kind in by_kind:
+            old = by_kind[kind]
+            mine = {r["job"] for r in led["rows"]}
+            old["rows"] = [r for r in old["rows"] if r["job"] not in mine] + led["rows"]
+            old["meta"].setdefault("runs", [dict(old["meta"])]).append(led["meta"])
+            old["meta"]["command"] += "; " + led["meta"]["command"]
+            old["meta"]["wall_s"] += led["meta"]["wall_s"]
+        else:
+            by_kind[kind] = led
+    defs = {j.name: j for j in all_jobs()}
+    for led in by_kind.values():
+        for r in led["rows"]:
+            j = defs.get(r["job"])
+            if j is not None:       # a row an error cut short still says what the job was
+                for k, v in describe(j).items():
+                    r.setdefault(k, v)
             if not r.get("bundle"):
                 continue
-            src = path.parent / r["bundle"]
-            if not src.exists():
-                r["bundle_missing"] = True
-                continue
-            if src.stat().st_size > 400_000:
-                r["bundle_skipped"] = f"{src.stat().st_size} bytes"
+            src = Path(r["bundle"])
+            if not src.exists() or src.stat().st_size > 400_000:
+                r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
                 continue
             shutil.copy(src, TESTS / "bundles" / src.name)
-            rep = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(src), "--json"], cwd=REPO,
+            rep = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(src.resolve()), "--json"], cwd=REPO,
                                  capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
             fs = json.loads(rep.stdout).get("findings") or [] if rep.stdout.strip() else []
             r["replay_top"] = fs[0]["id"] if fs else None
             r["replay_findings"] = brief(fs)
+            # what the current rules do not meet on this row: the replay tests expect it to fail
+            got = [f["id"] for f in fs]
+            miss = {}
+            if r.get("expect") and r["expect"] not in got:
+                miss["expect"] = f"{r['expect']} not found; the findings are {', '.join(got) or 'none'}"
+            for bad in r.get("expect_not") or ():
+                if bad in got:
+                    miss["expect_not"] = f"{bad} claimed where no thread holds the GIL"
+            if miss:
+                r["misses"] = miss
+            else:
+                r.pop("misses", None)
             r["bundle"] = f"bundles/{src.name}"
+        led["summary"] = summary(led["rows"])
         dst = TESTS / f"public-ledger-{led['meta']['kind']}.json"
         dst.write_text(json.dumps(led, indent=1))
         print(f"{dst}: {len(led['rows'])} rows")
@@ -672,6 +765,7 @@ def main() -> int:
     ap.add_argument("--jobs", default=None, help="comma-separated job names (default: all of the kind)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--fetch", action="store_true", help="extract the pinned sources from the mirrors into .public/src")
+    ap.add_argument("--freeze", default=None, metavar="DIR", help="copy trainprobe's code as it is now to DIR")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per run")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds after a resume before timing")
@@ -688,6 +782,9 @@ def main() -> int:
     a = ap.parse_args()
     if a.fetch:
         fetch_sources()
+        return 0
+    if a.freeze:
+        freeze(Path(a.freeze))
         return 0
     if a.to_tests is not None:
         to_tests([Path(p) for p in a.to_tests])
@@ -720,10 +817,12 @@ def main() -> int:
             continue
         print(f"[public-ledger {time.strftime('%H:%M:%S')}] {j.name}", file=sys.stderr, flush=True)
         deadline = min(t_start + a.budget + 60, time.time() + a.job_seconds)
+        row: dict[str, Any] = {}
         try:
-            rows.append(run_job(j, out, a, deadline))
+            rows.append(run_job(j, out, a, deadline, row))
         except Exception as exc:  # noqa: BLE001 - one broken job never sinks the ledger
-            rows.append({"job": j.name, "repo": j.repo, "commit": j.commit, "error": f"{type(exc).__name__}: {exc}"[:3000]})
+            row.update(job=j.name, repo=j.repo, commit=j.commit, error=f"{type(exc).__name__}: {exc}"[:3000])
+            rows.append(row)
         r = rows[-1]
         e = primary(r) or {}
         print(f"  -> top {r.get('top')} predicted {e.get('predicted')} measured {e.get('measured')} "
@@ -732,7 +831,7 @@ def main() -> int:
         path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     meta["loadavg_end"] = os.getloadavg()
     meta["wall_s"] = time.time() - t_start
-    led = {"meta": meta, "rows": rows, "summary": summary([r for r in rows if not r.get("error")])}
+    led = {"meta": meta, "rows": rows, "summary": summary(rows)}
     path.write_text(json.dumps(led, indent=1))
     print(render([led]))
     return 0

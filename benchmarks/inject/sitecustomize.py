@@ -10,10 +10,12 @@ Put this folder first on PYTHONPATH of the job (benchmarks/public_ledger.py does
                               intra_op_threads calls torch.set_num_threads; compile sets the mode
                               of the script's own torch.compile calls.
   TRAINPROBE_LEDGER_PROGRESS  a file: "unix_time steps" is rewritten in place at most every 0.2 s
-                              from an optimizer step post-hook (no thread, no output).
+                              from an optimizer step post-hook (no thread, no output);
+                              TRAINPROBE_LEDGER_COUNT=backward counts loss.backward() calls instead,
+                              for a loop that updates its parameters without torch.optim.
   TRAINPROBE_LEDGER_THREAD    start a background Python thread in the job, labelled as injected:
                               "pipe" blocks in os.read of a pipe (a metrics uploader waiting),
-                              "spin" runs pure Python without pausing (a GIL holder).
+                              "spin" runs pure Python in 20 ms bursts (a GIL holder).
 
 Nothing is imported before the script imports torch itself: the patches are applied right after
 `import torch` finishes. Any other sitecustomize on sys.path still runs.
@@ -109,8 +111,18 @@ def _count_steps(torch) -> None:
         if now - state["last"] >= 0.2:
             state["last"] = now
             os.pwrite(fd, f"{now:.4f} {state['n']}".ljust(40).encode() + b"\n", 0)
-    import importlib
-    importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(hook)
+    if os.environ.get("TRAINPROBE_LEDGER_COUNT") == "backward":
+        # a loop that updates its parameters by hand (no torch.optim): one step per loss.backward()
+        backward = torch.Tensor.backward
+
+        def counted_backward(self, *args, **kwargs):
+            out = backward(self, *args, **kwargs)
+            hook(None, args, kwargs)
+            return out
+        torch.Tensor.backward = counted_backward
+    else:
+        import importlib
+        importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(hook)
 
 
 def _after_torch(torch) -> None:
@@ -158,9 +170,13 @@ def _injected_thread(mode: str) -> None:
         threading.Thread(target=uploader, name="injected-metrics-uploader", daemon=True).start()
     elif mode == "spin":
         def spinner():
+            # pure Python in 20 ms bursts with 2 ms sleeps: holds the GIL ~90% of the time
             x = 0
             while True:
-                x = (x * 31 + 7) % 1000003
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.02:
+                    x = (x * 31 + 7) % 1000003
+                time.sleep(0.002)
         threading.Thread(target=spinner, name="injected-gil-spinner", daemon=True).start()
 
 

@@ -1,0 +1,104 @@
+"""The ledger on public training code, re-diagnosed offline with the current rules.
+
+tests/data/ledger/public/public-ledger-KIND.json are ledgers written by
+`benchmarks/public_ledger.py --kind KIND` on public scripts (pytorch/examples, nanoGPT, timm) run
+unmodified, the printed fix applied by the injected start-up module; bundles/JOB.tar.gz are the
+bundles saved while each job was diagnosed. `--to-tests` records each bundle's top finding under
+the rules of that day (`replay_top`). Here every bundle must replay, its top finding must still be
+that one (a rule change that moves it re-runs `--to-tests` and says so in its commit), background
+threads that hold no GIL must get no gil.contention, and the accuracy targets of the ledger are
+reported, xfail until the models meet them.
+"""
+import json
+import math
+import statistics
+
+import pytest
+
+from tests.helpers import DATA, run_cli
+
+PUBLIC = DATA / "ledger" / "public"
+
+
+def ledger_rows():
+    out = []
+    for path in sorted(PUBLIC.glob("public-ledger-*.json")):
+        for r in json.loads(path.read_text())["rows"]:
+            if r.get("bundle") and (PUBLIC / r["bundle"]).exists():
+                out.append(pytest.param(r, id=f"{path.stem.rsplit('-', 1)[-1]}-{r['job']}"))
+    return out
+
+
+ROWS = ledger_rows()
+
+
+def replay(row):
+    r = run_cli("report", str(PUBLIC / row["bundle"]), "--json")
+    assert r.rc == 0, r.err
+    return r.json()
+
+
+def test_the_public_ledger_has_its_jobs():
+    rows = [p.values[0] for p in ROWS]
+    assert len({r["job"] for r in rows}) >= 5
+    for r in rows:
+        assert r["repo"] and len(r["commit"]) == 40 and r["command"]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_bundle_replays_with_the_same_top_finding(row):
+    fs = replay(row)["findings"]
+    assert (fs[0]["id"] if fs else None) == row["replay_top"], [(f["id"], f["expected_speedup"]) for f in fs]
+
+
+def check(ok, detail, row, what):
+    """Assert ok, unless --to-tests recorded this row as a miss of the rules of its day: then it must
+    still miss (xfail with the reason), and a row that starts passing fails until --to-tests is re-run."""
+    why = (row.get("misses") or {}).get(what)
+    if why and ok:
+        pytest.fail(f"{row['job']} now meets '{what}': re-run benchmarks/public_ledger.py --to-tests ({why})")
+    if why:
+        pytest.xfail(why)
+    assert ok, detail
+
+
+@pytest.mark.parametrize("row", [p for p in ROWS if "gil.contention" in p.values[0].get("expect_not", ())])
+def test_no_gil_finding_where_no_thread_holds_the_gil(row):
+    fs = replay(row)["findings"]
+    check(all(f["id"] != "gil.contention" for f in fs), [(f["id"], f["expected_speedup"]) for f in fs],
+          row, "expect_not")
+
+
+@pytest.mark.parametrize("row", [p for p in ROWS if p.values[0].get("expect")])
+def test_a_known_cause_is_found(row):
+    fs = replay(row)["findings"]
+    check(any(f["id"] == row["expect"] for f in fs), [(f["id"], f["expected_speedup"]) for f in fs], row, "expect")
+
+
+def measured_rows():
+    out = []
+    for p in ROWS:
+        r = p.values[0]
+        e = next((e for e in r.get("applied") or [] if e["variant"] == "top" and e.get("status") == "measured"), None)
+        if e:
+            out.append((r, e))
+    return out
+
+
+@pytest.mark.xfail(reason="issue 'One step model': the targets (pred/meas within 0.8-1.25 in 90% of rows, "
+                          "median |log| <= 0.10, median ratio 0.95-1.05, intervals covering 90%) are not met "
+                          "yet on public code", strict=False)
+def test_accuracy_targets_on_public_code():
+    ms = measured_rows()
+    assert len(ms) >= 5, f"{len(ms)} measured rows"
+    # the current rules' estimate on the saved evidence against the measured speedup
+    ratios, covered = [], 0
+    for r, e in ms:
+        f = next((f for f in replay(r)["findings"] if f["id"] == e["finding"]), None)
+        est, (lo, hi) = (f["expected_speedup"], f["expected_speedup_interval"]) if f else (1.0, (0.0, 1.1))
+        ratios.append(est / e["measured"])
+        covered += lo <= e["measured"] <= hi
+    assert sum(0.8 <= x <= 1.25 for x in ratios) >= 0.9 * len(ratios), ratios
+    assert statistics.median(abs(math.log(x)) for x in ratios) <= 0.10, ratios
+    assert 0.95 <= statistics.median(ratios) <= 1.05, ratios
+    assert covered >= 0.9 * len(ratios), ratios
