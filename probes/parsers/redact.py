@@ -28,6 +28,14 @@ name stays, so a reader sees that something was there):
 - whatever matches a pattern the operator adds with `--redact REGEX` (repeatable).
 
 The environment never reaches a report: procfs.parse_environ_whitelist keeps only named variables.
+
+Limits, chosen to err towards hiding: in free text an unquoted value ends at whitespace (in argv the
+whole element is hidden); a value after a credential option is kept when it looks like an option
+itself (`--password --lr`); a single-dash word that starts with -p (`-pretrained`) loses the rest.
+
+Cost: a string is first searched for hints (`_maybe`); each rule then runs only if the lowered text
+holds what it needs. A large JSON document (a py-spy trace) is redacted in place (`_splice`): only
+the literals around a hint are decoded, so a trace with a secret costs about what a clean one does.
 """
 from __future__ import annotations
 
