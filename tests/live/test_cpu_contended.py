@@ -3,8 +3,8 @@ processes outside its tree (one of them another user's) pinned to the same CPU; 
 and a job oversubscribed by its own threads.
 
 Other work on a shared host is real contention too: where the job "alone" finds others on its CPU,
-the test looks again (a few windows) for one where they took less than the rule's threshold, and
-says so when there was none.
+the test checks from /proc, apart from the agent, that they did take it, looks again (a few
+windows) for a quiet one, and skips saying so when there was none.
 TRAINPROBE_CONTENTION_SAVE=DIR also saves each run's bundle there (tests/data/contention holds
 the replayed ones).
 """
@@ -115,8 +115,9 @@ def diagnose_quiet(pid: int, name: str, tmp_path, tries: int = 3) -> dict:
             return rep
         assert others >= 0.08, f"cpu.contended on a quiet CPU (others measured at {others:.0%} from /proc): {f}"
         time.sleep(1.0)
-    pytest.fail(f"CPU {CPU} was busy with other work in {tries} windows (others {others:.0%}): "
-                f"{[c['cmdline'][:50] for c in f['details']['competitors']]}")
+    # Not a defect of the code: the host never left the job alone (measured above, apart from the agent).
+    pytest.skip(f"CPU {CPU} was busy with other work in {tries} windows (others took {others:.0%}, read from "
+                f"/proc by the test): {[c['cmdline'][:50] for c in f['details']['competitors']]}")
 
 
 def ids(rep: dict) -> list[str]:
