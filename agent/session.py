@@ -220,6 +220,10 @@ def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float,
         cap.status = "failed"
         cap.reason = f"internal error: {type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})"
     finally:
+        # meta and reason may quote a tool's log line or a path: redacted like every artifact.
+        from trainprobe.probes.parsers import redact
+        cap.meta = redact.value(cap.meta)
+        cap.reason = redact.text(cap.reason) if cap.reason else cap.reason
         cap.seconds = round(time.monotonic() - m0, 3)
         if thread_cpu is not None:
             thread_cpu[probe.name] = time.thread_time() - c0
