@@ -33,6 +33,8 @@ BOTTOM = 28            # the details line
 SEARCH_FILL = "rgb(230,0,230)"
 
 _PY_FRAME = re.compile(r" \(([^()]*):(\d+)\)$")
+_PY_FUNCTION = re.compile(r" \(([^()]*\.pyw?|<[^()]*>)\)$")        # a frame grouped by function: no line
+WAIT_FILL = "rgb(120,160,215)"                                     # the frame waits: off-CPU (blocked)
 
 
 @dataclass
@@ -178,7 +180,9 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) or frozenset(
 def frame_kind(label: str) -> str:
     """user | library | native | pseudo: what colours a frame. A Python frame is library code when
     its path names a package (`torch/nn/...`), a frozen module or a standard-library module."""
-    m = _PY_FRAME.search(label)
+    if label == "all" or label.startswith(("process ", "thread (", "workers", "worker ")):
+        return "pseudo"
+    m = _PY_FRAME.search(label) or _PY_FUNCTION.search(label)
     if m:
         path = m.group(1)
         if "/" in path or path.startswith("<") or path.rsplit(".", 1)[0] in _STDLIB:
@@ -200,6 +204,14 @@ def frame_colour(label: str) -> str:
     if kind == "pseudo":
         return f"rgb({int(185 + 20 * a)},{int(175 + 20 * b)},{int(215 + 25 * c)})"
     return f"rgb({int(175 + 35 * a)},{int(175 + 35 * a)},{int(185 + 30 * b)})"
+
+
+def wait_colour(label: str) -> str:
+    """A frame whose time was all spent waiting (its stacks end in a blocking call): blue, as in
+    off-CPU flame graphs, so a parked thread never reads as compute."""
+    h = zlib.crc32(label.encode("utf-8", "replace"))
+    a, b = (h & 0xFF) / 255.0, ((h >> 8) & 0xFF) / 255.0
+    return f"rgb({int(105 + 30 * a)},{int(150 + 30 * b)},{int(205 + 30 * a)})"
 
 
 def diff_colour(delta: float, max_abs: float) -> str:
@@ -226,19 +238,76 @@ class Rendered:
     max_depth: int
 
 
+# The per-thread split of wall-clock time: measured by the kernel per thread, never per stack.
+SPLIT_COLOURS = (("on_cpu_s", "on a CPU", "rgb(90,170,90)"),
+                 ("runqueue_s", "waiting for a CPU (run queue)", "rgb(230,140,40)"),
+                 ("off_cpu_s", "off-CPU (sleeping or blocked)", WAIT_FILL))
+SPLIT_ROW_H = 16
+SPLIT_MAX_THREADS = 8
+
+
+def _split_rows(threads: list[Mapping] | None) -> list[Mapping]:
+    return [t for t in (threads or []) if (t.get("wall_s") or 0) > 0][:SPLIT_MAX_THREADS]
+
+
+def _split_band(rows: list[Mapping], width: int, top: int) -> list[str]:
+    """One stacked bar per thread: on a CPU, waiting for a CPU, off-CPU, as shares of its wall time."""
+    label_w = 260
+    bar_w = width - 2 * PAD - label_w - 8
+    out = ['<g class="tp-split">',
+           f'<text class="tp-sub" x="{PAD}" y="{top + 11}">Per thread, measured by the kernel over the window '
+           '(/proc schedstat): ' + "; ".join(f"{words} {_esc(_swatch(c))}" for _k, words, c in SPLIT_COLOURS)
+           + "</text>"]
+    for i, t in enumerate(rows):
+        y = top + SPLIT_ROW_H * (i + 1)
+        wall = float(t["wall_s"])
+        name = str(t.get("name") or f"thread {i}")
+        parts = [(k, words, c, max(float(t.get(k) or 0.0), 0.0)) for k, words, c in SPLIT_COLOURS]
+        info = ", ".join(f"{words} {v:.2f} s ({fmt_share(v / wall)})" for _k, words, _c, v in parts)
+        out.append(f'<g class="tp-thread" data-thread="{_esc(name)}"><title>{_esc(name)}: {_esc(info)} '
+                   f'of {wall:.2f} s</title><text class="tp-sub" x="{PAD}" y="{y + 11}">'
+                   f'{_esc(fit(name, label_w))}</text>')
+        x = PAD + label_w + 8
+        for k, _words, c, v in parts:
+            w = bar_w * min(v / wall, 1.0)
+            if w > 0:
+                out.append(f'<rect class="tp-{k[:-2].replace("_", "-")}" data-seconds="{v:.4f}" x="{x:.2f}" '
+                           f'y="{y + 2}" width="{w:.2f}" height="{SPLIT_ROW_H - 4}" fill="{c}"/>')
+            x += w
+        out.append("</g>")
+    out.append("</g>")
+    return out
+
+
+def _swatch(colour: str) -> str:
+    return {"rgb(90,170,90)": "(green)", "rgb(230,140,40)": "(orange)"}.get(colour, "(blue)")
+
+
 def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str = "", unit: str = "us",
            width: int = WIDTH, minwidth_px: float = 0.1, before: Mapping[str, int] | None = None,
-           standalone: bool = True, css_class: str = "") -> Rendered:
+           standalone: bool = True, css_class: str = "", waiting: Mapping[str, int] | None = None,
+           threads: list[Mapping] | None = None) -> Rendered:
     """One flame graph. `standalone` gives a complete .svg document with its script; without it,
-    an <svg> element for an HTML page that includes SCRIPT once and calls trainprobeFlame.init."""
+    an <svg> element for an HTML page that includes SCRIPT once and calls trainprobeFlame.init.
+
+    `waiting` is the part of `profile` whose stacks end in a blocking call (a wait, a poll, a
+    queue get): a frame all of whose time is there is drawn blue, as off-CPU time. `threads` is
+    each thread's wall time split by the kernel into on a CPU, waiting for a CPU and off-CPU
+    (`{"name", "wall_s", "on_cpu_s", "runqueue_s", "off_cpu_s"}`), drawn as bars above the graph:
+    the run-queue wait is known per thread only, so it is never spread over the stacks."""
     inner = width - 2 * PAD
     total_guess = sum(v for v in profile.values() if v > 0)
     min_count = (minwidth_px * total_guess / inner) if total_guess else 0.0
-    lay = layout(profile, min_count, with_ids=before is not None)
+    diff = before is not None
+    waits = {k: v for k, v in (waiting or {}).items() if v > 0} if not diff else {}
+    lay = layout(profile, min_count, with_ids=diff or bool(waits))
     total = lay.total
     scale = inner / total if total else 0.0
-    height = TOP + (lay.max_depth + 1) * FRAME_H + BOTTOM
-    diff = before is not None
+    split = _split_rows(threads)
+    split_h = SPLIT_ROW_H * (len(split) + 1) + 6 if split else 0
+    top = TOP + split_h
+    height = top + (lay.max_depth + 1) * FRAME_H + BOTTOM
+    wait_incl = inclusive_by_path(waits, lay.ids) if waits else {}
     deltas: dict[int, float] = {}
     before_total = 0
     absent = 0
@@ -273,8 +342,10 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
                   + (f"; {fmt_share(absent / before_total)} of before is in stacks absent now"
                      if before_total and absent else ""))
     else:
-        legend = (f"Total {fmt_count(total, unit)}. Red: your code; yellow: packages and stdlib; grey: native. "
-                  f"Hover, click to zoom, Ctrl-F to search")
+        wait_share = sum(waits.values()) / total if total and waits else 0.0
+        legend = (f"Total {fmt_count(total, unit)}. Red: your code; yellow: packages and stdlib; grey: native"
+                  + (f"; blue: blocked in a wait ({fmt_share(wait_share)})" if waits else "")
+                  + ". Hover, click to zoom, Ctrl-F to search")
     for i, line in enumerate([x for x in (subtitle, legend) if x]):
         out.append(f'<g><title>{_esc(line)}</title><text class="tp-sub" x="{width / 2:.0f}" y="{42 + 16 * i}" '
                    f'text-anchor="middle">{_esc(fit(line, width - 2 * PAD, 12))}</text></g>')
@@ -282,8 +353,10 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
     out.append(f'<text class="tp-search tp-btn" x="{width - PAD}" y="24" text-anchor="end">Search</text>')
     out.append(f'<text class="tp-matched" x="{width - PAD}" y="{height - 10}" text-anchor="end"> </text>')
     out.append(f'<text class="tp-details" x="{PAD}" y="{height - 10}"> </text>')
+    if split:
+        out.extend(_split_band(split, width, TOP - 10))
     out.append('<g class="tp-frames">')
-    base_y = TOP + lay.max_depth * FRAME_H
+    base_y = top + lay.max_depth * FRAME_H
     for depth, x, n, label, pid in lay.nodes:
         w = n * scale
         px = PAD + x * scale
@@ -300,9 +373,13 @@ def render(profile: Mapping[str, int], title: str = "Flame graph", subtitle: str
             if d < 0 and max_abs and abs(d) / max_abs > 0.6:
                 text_style = ' style="fill:#fff"'       # black on deep blue does not read
         else:
-            fill = frame_colour(label)
+            w_n = wait_incl.get(pid, 0) if depth else 0
+            waiting_all = bool(waits) and depth > 0 and w_n >= n
+            fill = wait_colour(label) if waiting_all else frame_colour(label)
             info = f"{fmt_count(n, unit)}, {fmt_share(share)} of the total"
-            extra = ""
+            if w_n:
+                info += f"; {fmt_share(w_n / n)} of it waiting in a blocking call"
+            extra = ' data-wait="1"' if waiting_all else ""
         lab = _esc(label)
         text = fit(label, w)
         out.append(f'<g class="f" data-x="{x}" data-n="{n}"{extra}><title>{lab}\n{_esc(info)}</title>'

@@ -8,9 +8,12 @@ writes and flamegraph.pl reads.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping, TextIO
 
 Profile = Mapping[str, int]
+GROUPS = ("function", "line")       # how frames are told apart: by function, or by function and line
+_LINE = re.compile(r"^(.* \([^()]*):\d+\)$")
 
 class FoldedError(ValueError):
     """The text is not in the folded format."""
@@ -100,6 +103,30 @@ def dumps_diff(before: Profile, after: Profile) -> str:
     """The differential form: every stack of either profile with both counts (0 where absent)."""
     keys = sorted(set(before) | set(after))
     return "".join(f"{k} {int(before.get(k, 0))} {int(after.get(k, 0))}\n" for k in keys)
+
+
+def function_label(label: str) -> str:
+    """`name (path.py:LINE)` -> `name (path.py)`: a Python frame without its line number (as py-spy's
+    --nolineno); any other frame as it is."""
+    m = _LINE.match(label)
+    return m.group(1) + ")" if m else label
+
+
+def group(profile: Profile, by: str = "function") -> dict[str, int]:
+    """`profile` with frames told apart `by` "function" (the lines of one function merge into one
+    frame, their counts added) or by "line" (as sampled: one frame per line number)."""
+    if by == "line":
+        return dict(profile)
+    if by != "function":
+        raise ValueError(f"group must be one of {', '.join(GROUPS)}")
+    out: dict[str, int] = {}
+    memo: dict[str, str] = {}
+    for stack, n in profile.items():
+        key = memo.get(stack)
+        if key is None:
+            key = memo[stack] = ";".join(function_label(f) for f in stack.split(";")) if stack else stack
+        out[key] = out.get(key, 0) + n
+    return out
 
 
 def write(profile: Profile, stream: TextIO) -> None:

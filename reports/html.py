@@ -13,7 +13,7 @@ import datetime as _dt
 import math
 from typing import Any, Mapping, Sequence, TextIO
 
-from trainprobe.reports import flamegraph, xmlsafe
+from trainprobe.reports import flamegraph, folded, xmlsafe
 from trainprobe.reports.text import sampling_line
 from trainprobe.reports.values import NOT_WORTH_WORDS, fmt_interval, fmt_value, worth_acting
 
@@ -79,26 +79,43 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .chart{width:100%;height:auto;display:block}
 .flame-wrap{border:1px solid var(--line);border-radius:6px;overflow:hidden;margin:6px 0 18px}
 .flame-wrap svg{width:100%;height:auto;display:block}
-.tools{display:flex;gap:10px;align-items:center;margin:4px 0;font-size:13px}
-.tools input{font:inherit;padding:3px 6px;width:320px;border:1px solid var(--line);border-radius:4px}
+.tools{display:flex;flex-wrap:wrap;gap:6px 10px;align-items:center;margin:4px 0;font-size:13px}
+.tools input{font:inherit;padding:3px 6px;width:320px;max-width:100%;border:1px solid var(--line);border-radius:4px}
+.tools select{font:inherit}[hidden]{display:none!important}
 .tools button{font:inherit;padding:2px 10px;border:1px solid var(--line);border-radius:4px;background:#fff;cursor:pointer}
 details summary{cursor:pointer;color:var(--accent)}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
+td,th{overflow-wrap:break-word}code,p,h1,h3,.note,.meta span{overflow-wrap:anywhere}td code{overflow-wrap:normal}
+@media (max-width:640px){body{padding:12px 10px 40px}h1{font-size:19px}.tools input{width:100%}
+ td.num{white-space:normal}th,td{padding:3px 4px}.speedup{font-size:15px}td,td code{overflow-wrap:anywhere}th{white-space:nowrap}
+ .flame-wrap{overflow-x:auto}.flame-wrap svg{min-width:760px}}
 """
 
 PAGE_JS = """
 (function () {
   "use strict";
   var graphs = trainprobeFlame.initAll(document);
-  document.querySelectorAll(".tools").forEach(function (tools) {
-    var idx = +tools.getAttribute("data-graph"), g = graphs[idx];
-    if (!g) return;
+  document.querySelectorAll(".flame-block").forEach(function (block) {
+    var tools = block.querySelector(".tools");
+    var wraps = [].slice.call(block.querySelectorAll(".flame-wrap"));
+    function visible() {
+      var w = wraps.filter(function (x) { return !x.hidden; })[0] || wraps[0];
+      return w ? trainprobeFlame.init(w.querySelector("svg.tp-flame")) : null;
+    }
     var input = tools.querySelector("input"), out = tools.querySelector(".found");
-    input.addEventListener("input", function () {
+    function find() {
+      var g = visible();
+      if (!g) return;
       var r = g.search(input.value || null);
       out.textContent = input.value ? "matched " + (100 * r.share).toFixed(1) + "% in " + r.frames + " frames" : "";
+    }
+    input.addEventListener("input", find);
+    tools.querySelector("button").addEventListener("click", function () { var g = visible(); if (g) g.unzoom(); });
+    var sel = tools.querySelector("select.group");
+    if (sel) sel.addEventListener("change", function () {
+      wraps.forEach(function (w) { w.hidden = w.getAttribute("data-group") !== sel.value; });
+      find();
     });
-    tools.querySelector("button").addEventListener("click", function () { g.unzoom(); });
   });
   window.trainprobeGraphs = graphs;
 })();
@@ -346,12 +363,9 @@ def _flamegraphs(visuals: Mapping[str, Any]) -> tuple[list[str], int]:
             continue
         if g.get("subtitle"):
             out.append(f'<p class="muted">{esc(g["subtitle"])}</p>')
-        out.append(f'<div class="tools" data-graph="{n}"><input type="search" placeholder="Search frames (regular expression)" '
-                   f'aria-label="search frames"><button type="button">Reset zoom</button><span class="found muted"></span></div>')
-        r = flamegraph.render(g["profile"], title=g.get("graph_title") or g.get("title") or "Flame graph",
-                              subtitle=g.get("graph_subtitle", ""), unit=g.get("unit", "us"),
-                              before=g.get("before"), standalone=False)
-        out.append(f'<div class="flame-wrap">{r.svg}</div>')
+        out.extend(_flame_block(g["profile"], g.get("graph_title") or g.get("title") or "Flame graph",
+                                g.get("graph_subtitle", ""), g.get("unit", "us"), g.get("before"),
+                                g.get("group") or DEFAULT_GROUP, g.get("waiting"), g.get("threads")))
         n += 1
     out.append("</section>")
     return out, n
@@ -421,12 +435,37 @@ def render(report: Mapping[str, Any], stream: TextIO, visuals: Mapping[str, Any]
     stream.write(_page(f"trainprobe: PID {tgt.get('pid')}", body, n > 0))
 
 
+DEFAULT_GROUP = "function"
+GROUP_WORDS = {"function": "one box per function", "line": "one box per line"}
+
+
+def _flame_block(profile: Mapping[str, int], title: str, subtitle: str, unit: str,
+                 before: Mapping[str, int] | None, group: str, waiting: Mapping[str, int] | None,
+                 threads: list[Mapping[str, Any]] | None) -> list[str]:
+    """A flame graph with its controls: search, reset zoom, and frames grouped by function or by
+    line (both drawn; the control shows one)."""
+    group = group if group in folded.GROUPS else DEFAULT_GROUP
+    opts = "".join(f'<option value="{g}"{" selected" if g == group else ""}>{esc(GROUP_WORDS[g])}</option>'
+                   for g in folded.GROUPS)
+    out = ['<div class="flame-block"><div class="tools"><input type="search" '
+           'placeholder="Search frames (regular expression)" aria-label="search frames">'
+           '<button type="button">Reset zoom</button>'
+           f'<label>Frames: <select class="group" aria-label="group frames by">{opts}</select></label>'
+           '<span class="found muted"></span></div>']
+    for g in folded.GROUPS:
+        r = flamegraph.render(folded.group(profile, g), title=title, subtitle=subtitle, unit=unit,
+                              before=None if before is None else folded.group(before, g), standalone=False,
+                              waiting=None if not waiting else folded.group(waiting, g), threads=threads)
+        out.append(f'<div class="flame-wrap" data-group="{g}"{"" if g == group else " hidden"}>{r.svg}</div>')
+    out.append("</div>")
+    return out
+
+
 def render_flamegraph_page(profile: Mapping[str, int], stream: TextIO, title: str, subtitle: str = "",
-                           unit: str = "us", before: Mapping[str, int] | None = None) -> None:
-    """One flame graph as an HTML page, with a search box."""
-    body = [f"<header><h1>{esc(title)}</h1>" + (f'<p class="muted">{esc(subtitle)}</p>' if subtitle else "") + "</header>",
-            '<div class="tools" data-graph="0"><input type="search" placeholder="Search frames (regular expression)" '
-            'aria-label="search frames"><button type="button">Reset zoom</button><span class="found muted"></span></div>']
-    r = flamegraph.render(profile, title=title, subtitle="", unit=unit, before=before, standalone=False)
-    body.append(f'<div class="flame-wrap">{r.svg}</div>')
+                           unit: str = "us", before: Mapping[str, int] | None = None, group: str = DEFAULT_GROUP,
+                           waiting: Mapping[str, int] | None = None,
+                           threads: list[Mapping[str, Any]] | None = None) -> None:
+    """One flame graph as an HTML page, with a search box and the function/line control."""
+    body = [f"<header><h1>{esc(title)}</h1>" + (f'<p class="muted">{esc(subtitle)}</p>' if subtitle else "") + "</header>"]
+    body += _flame_block(profile, title, "", unit, before, group, waiting, threads)
     stream.write(_page(title, body, True))

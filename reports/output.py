@@ -31,7 +31,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TextIO, TypedDict
+from typing import Any, Callable, Mapping, NotRequired, TextIO, TypedDict
 
 # Re-exported: the commands and the CLI write values and escape strings through these names.
 from trainprobe.reports.values import (MULTILINE_FIELDS, encode_text, fmt_value, printable,  # noqa: F401
@@ -395,6 +395,18 @@ class ProfileDoc(TypedDict):
     unit: str                           # of the counts: "us" (microseconds of wall-clock time)
     before: dict[str, int] | None       # the profile to draw the difference against
     exporter: str                       # "trainprobe@VERSION", written into speedscope files
+    group: NotRequired[str]             # "function" (default) or "line": how frames are told apart
+    waiting: NotRequired[dict[str, int] | None]   # the part of `profile` in stacks that end in a blocking call
+    threads: NotRequired[list[dict[str, Any]] | None]  # each thread's on-CPU / run-queue / off-CPU seconds
+
+
+def _grouped(doc: ProfileDoc) -> tuple[dict[str, int], dict[str, int] | None, dict[str, int] | None]:
+    """(profile, before, waiting) with frames told apart as the document asks (folded.group)."""
+    from trainprobe.reports import folded
+    by = doc.get("group") or "line"
+    before, waiting = doc["before"], doc.get("waiting")
+    return (folded.group(doc["profile"], by), None if before is None else folded.group(before, by),
+            None if not waiting else folded.group(waiting, by))
 
 
 @dataclass(frozen=True)
@@ -453,26 +465,30 @@ def _watch_prometheus(doc: Mapping[str, Any], stream: TextIO) -> None:
 
 def _svg(doc: ProfileDoc, stream: TextIO) -> None:
     from trainprobe.reports import flamegraph
-    stream.write(flamegraph.render(doc["profile"], title=doc["title"], subtitle=doc["subtitle"], unit=doc["unit"],
-                                   before=doc["before"]).svg)
+    profile, before, waiting = _grouped(doc)
+    stream.write(flamegraph.render(profile, title=doc["title"], subtitle=doc["subtitle"], unit=doc["unit"],
+                                   before=before, waiting=waiting, threads=doc.get("threads")).svg)
 
 
 def _flame_html(doc: ProfileDoc, stream: TextIO) -> None:
+    """Both groupings in one page (a control switches them), the document's shown first."""
     from trainprobe.reports import html
     html.render_flamegraph_page(doc["profile"], stream, doc["title"], doc["subtitle"], unit=doc["unit"],
-                                before=doc["before"])
+                                before=doc["before"], group=doc.get("group") or "line",
+                                waiting=doc.get("waiting"), threads=doc.get("threads"))
 
 
 def _speedscope(doc: ProfileDoc, stream: TextIO) -> None:
     from trainprobe.reports import speedscope
-    speedscope.write(speedscope.split_by_root(doc["profile"]), stream, name=doc["title"],
+    profile, _before, _waiting = _grouped(doc)
+    speedscope.write(speedscope.split_by_root(profile), stream, name=doc["title"],
                      unit=speedscope.UNIT_NAMES.get(doc["unit"], "none"), exporter=doc["exporter"])
 
 
 def _folded(doc: ProfileDoc, stream: TextIO) -> None:
     from trainprobe.reports import folded
-    before = doc["before"]
-    stream.write(folded.dumps_diff(before, doc["profile"]) if before is not None else folded.dumps(doc["profile"]))
+    profile, before, _waiting = _grouped(doc)
+    stream.write(folded.dumps_diff(before, profile) if before is not None else folded.dumps(profile))
 
 
 # (kind of document, format) -> Form. Kinds: "report" (a diagnosis, docs/report-contract.md), "job"

@@ -14,17 +14,23 @@ SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 UNITS = ("none", "nanoseconds", "microseconds", "milliseconds", "seconds", "bytes")
 UNIT_NAMES = {"ns": "nanoseconds", "us": "microseconds", "ms": "milliseconds", "s": "seconds"}
 _PY_FRAME = re.compile(r"^(.*) \(([^()]*):(\d+)\)$")
+_PY_FUNCTION = re.compile(r"^(.*) \(([^()]*\.pyw?|<[^()]*>)\)$")     # grouped by function: no line
 
 
 def frame_of(label: str) -> dict[str, Any]:
     m = _PY_FRAME.match(label)
     if m:
         return {"name": m.group(1), "file": m.group(2), "line": int(m.group(3))}
+    m = _PY_FUNCTION.match(label)
+    if m:
+        return {"name": m.group(1), "file": m.group(2)}
     return {"name": label}
 
 
 def label_of(frame: Mapping[str, Any]) -> str:
     name = str(frame.get("name", "")).replace(";", ":")
+    if frame.get("file") and frame.get("line") is None:
+        return f"{name} ({frame['file']})".replace("\n", " ")
     if frame.get("file"):
         return f"{name} ({frame['file']}:{int(frame.get('line') or 0)})".replace("\n", " ")
     return name.replace("\n", " ")

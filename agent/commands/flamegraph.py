@@ -7,6 +7,8 @@ draws the change since a saved profile.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from trainprobe.agent.cli import App, redact_option
@@ -15,16 +17,38 @@ from trainprobe.agent.target import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOT_P
 from trainprobe.reports import output
 
 FORMATS = output.formats("profile")
+GROUPS = ("function", "line")
 EXIT_FAILED = 1
 
 
+def _split_of(captures: list, threads: bool, subprocesses: bool) -> list[dict[str, Any]]:
+    """Each sampled thread's on-CPU / run-queue / off-CPU seconds, from a process capture beside the
+    py-spy one (agent/flame_split.py); [] when there is none."""
+    from trainprobe.agent import flame_split, profiles
+    from trainprobe.probes.process import ProcessProbe
+    cap = profiles.pyspy_capture(captures)
+    proc = next((c for c in captures if c.probe == "process" and c.status == "ok"
+                 and c.artifacts.get("snapshots.json")), None)
+    if cap is None or proc is None:
+        return []
+    try:
+        st = profiles.stacks_of(cap)
+        ev = ProcessProbe.parse(proc)
+    except (profiles.ProfileError, ValueError, KeyError, TypeError):
+        return []
+    pids = {t.pid for t in st.traces} if subprocesses else {st.main_pid}
+    return flame_split.thread_split(ev, st.traces, pids)
+
+
 def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, threads: bool,
-           subprocesses: bool) -> tuple[dict[str, int], str, str, bool]:
-    """Run the py-spy probe over one window -> (profile, title, subtitle, interrupted)."""
+           subprocesses: bool) -> tuple[dict[str, int], str, str, bool, list[dict[str, Any]]]:
+    """Run the py-spy probe (and the process probe, for each thread's time on and off a CPU) over one
+    window -> (profile, title, subtitle, interrupted, per-thread split)."""
     from trainprobe.agent import profiles
     from trainprobe.agent.session import run_session
     from trainprobe.agent.target import resolve
     from trainprobe.probes.base import WatchSpec
+    from trainprobe.probes.process import ProcessProbe
     from trainprobe.probes.pyspy import PySpyProbe
     from trainprobe.probes.support.target import is_alive
 
@@ -36,8 +60,9 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
         app.progress("--native: py-spy samples in blocking mode and stops the target's threads for every sample")
     spec = WatchSpec(pid=info.pid, window_s=duration, rate_hz=rate, child_pids=tuple(info.children), native=native,
                      root=app.root)
-    result = run_session(spec, [PySpyProbe()], app.progress, target_alive=lambda: is_alive(info.pid, app.root))
-    cap = result.captures[0]
+    result = run_session(spec, [PySpyProbe(), ProcessProbe()], app.progress,
+                         target_alive=lambda: is_alive(info.pid, app.root))
+    cap = next(c for c in result.captures if c.probe == "pyspy")
     gone = not is_alive(info.pid, app.root)
     if cap.status != "ok" or not cap.artifacts.get("chrometrace.json"):
         reason = cap.reason or "py-spy gathered nothing"
@@ -56,7 +81,7 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
     title = f"PID {info.pid}: {info.cmdline[:90]}"
     sub = (f"{result.observed_s:.1f} s window, py-spy {mode} --idle at {rate} Hz, {view}; "
            f"counts are microseconds of wall-clock time")
-    return prof, title, sub, result.interrupted
+    return prof, title, sub, result.interrupted, _split_of(result.captures, threads, subprocesses)
 
 
 @click.command("flamegraph")
@@ -79,14 +104,20 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
 @click.option("--diff", "diff_path", metavar="BEFORE", default=None,
               help="Differential flame graph against BEFORE (folded stacks, speedscope JSON, a bundle): red where "
                    "a frame's share of the time grew, blue where it shrank.")
+@click.option("--group", type=click.Choice(GROUPS), default="function", show_default=True,
+              help="One box per function (the lines of a function merged, as py-spy's --nolineno), or one per "
+                   "line number as sampled.")
 @click.option("--title", default=None, help="Title of the graph.")
 @redact_option
 @click.pass_obj
 def command(app: App, pid: int | None, input_path: str | None, duration: float, rate: int, output_path: str | None,
             fmt: str | None, threads: bool, subprocesses: bool, native: bool, diff_path: str | None,
-            title: str | None) -> None:
-    """Sample a training process and write its flame graph (SVG, HTML, speedscope or folded)."""
-    from trainprobe.agent import profiles
+            group: str, title: str | None) -> None:
+    """Sample a training process and write its flame graph (SVG, HTML, speedscope or folded).
+
+    Blue frames waited in a blocking call; bars above the graph split each thread's time into on
+    a CPU, waiting for a CPU and off-CPU, as the kernel measured it (SVG and HTML)."""
+    from trainprobe.agent import flame_split, profiles
 
     fmt = output.format_for("profile", fmt, output_path, default="svg")
     if pid is not None and input_path:
@@ -112,15 +143,18 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
         except profiles.ProfileError as exc:
             raise app.fail(f"--input: {exc}", EXIT_BAD_INPUT) from None
         graph_title, sub, interrupted = f"Flame graph of {desc}", "", False
+        split = _bundle_split(input_path, threads, subprocesses)
     else:
-        prof, graph_title, sub, interrupted = sample(app, pid, duration, rate, native, threads, subprocesses)
+        prof, graph_title, sub, interrupted, split = sample(app, pid, duration, rate, native, threads, subprocesses)
     if title:
         graph_title = title
     if before is not None:
         sub = (sub + "; " if sub else "") + f"before: {before_desc}"
     from trainprobe.probes.parsers import redact
     doc: output.ProfileDoc = {"profile": prof, "title": redact.text(graph_title), "subtitle": redact.text(sub),
-                              "unit": profiles.UNIT, "before": before, "exporter": f"trainprobe@{_version()}"}
+                              "unit": profiles.UNIT, "before": before, "exporter": f"trainprobe@{_version()}",
+                              "group": group, "waiting": flame_split.waiting_part(prof) if before is None else None,
+                              "threads": [dict(t, name=redact.text(t["name"])) for t in split]}
     if output_path:
         app.save("profile", fmt, doc, output_path, EXIT_BAD_INPUT)
         app.progress(f"wrote {fmt} to {output_path}: {len(prof)} distinct stacks, {sum(prof.values()) / 1e6:.2f} s")
@@ -130,6 +164,17 @@ def command(app: App, pid: int | None, input_path: str | None, duration: float, 
             app.out.flush()
     if interrupted:
         raise app.fail("interrupted: drew what was sampled until then", EXIT_INTERRUPTED)
+
+
+def _bundle_split(path: str, threads: bool, subprocesses: bool) -> list[dict[str, Any]]:
+    """The per-thread split of a saved bundle's window ([] for any other saved profile)."""
+    from trainprobe.agent import bundle
+    try:
+        if not bundle.is_bundle(path):
+            return []
+        return _split_of(bundle.load(path).captures, threads, subprocesses)
+    except (bundle.BundleError, OSError, ValueError):
+        return []
 
 
 def _version() -> str:

@@ -126,7 +126,7 @@ def test_html_report_with_gpu_timeline_renders(browser, tmp_path, shots):
     assert band_top >= chart_bottom                       # the band sits under the GPU chart
     assert "no GPU evidence" not in dom
     # the training thread's flame graph, and why there is no workers' graph
-    assert b.eval("document.querySelectorAll('#flamegraphs svg.tp-flame').length") == 1
+    assert b.eval("document.querySelectorAll('#flamegraphs .flame-wrap:not([hidden]) svg.tp-flame').length") == 1
     assert "no DataLoader worker was seen" in dom
     # the manifest
     assert b.eval("document.querySelector('#probes td code').textContent") == "pyspy"
@@ -150,18 +150,18 @@ def test_html_report_without_gpu_says_why_and_draws_the_workers(browser, tmp_pat
     assert b.eval("document.querySelector('#no-gpu').textContent") == "no GPU evidence: gpu: not run"
     assert b.eval("document.querySelectorAll('.gpu-chart').length") == 0
     assert b.eval("document.querySelectorAll('.train-band rect.seg').length") > 10
-    assert b.eval("document.querySelectorAll('#flamegraphs svg.tp-flame').length") == 2
+    assert b.eval("document.querySelectorAll('#flamegraphs .flame-wrap:not([hidden]) svg.tp-flame').length") == 2
     titles = b.eval("Array.from(document.querySelectorAll('#flamegraphs h3')).map(h => h.textContent)")
     assert titles[0].startswith("Training thread") and titles[1] == "DataLoader workers (12 processes)"
     assert b.eval("document.querySelector('#finding-1 .ftitle').textContent") == rep["findings"][0]["title"]
     # zoom in the second graph with a real click; the first graph is untouched
-    sel = ("Array.from(document.querySelectorAll('#flamegraphs svg.tp-flame')[1].querySelectorAll('g.f'))"
+    sel = ("Array.from(document.querySelectorAll('#flamegraphs .flame-wrap:not([hidden]) svg.tp-flame')[1].querySelectorAll('g.f'))"
            ".find(g => g.querySelector('title').textContent.startsWith('_worker_loop')).querySelector('rect')")
     b.eval(f"{sel}.scrollIntoView({{block: 'center'}})")
     x, y = centre(b, sel)
     b.click(x, y)
     assert float(b.eval(f"{sel}.getAttribute('width')")) == pytest.approx(flamegraph.WIDTH - 2 * flamegraph.PAD, abs=0.05)
-    assert b.eval("document.querySelectorAll('#flamegraphs svg.tp-flame')[0].querySelectorAll('g.tp-parent').length") == 0
+    assert b.eval("document.querySelectorAll('#flamegraphs .flame-wrap:not([hidden]) svg.tp-flame')[0].querySelectorAll('g.tp-parent').length") == 0
     assert_quiet_and_offline(b, path)
 
 

@@ -143,8 +143,10 @@ def test_the_flame_graph_page_and_the_other_profile_forms(odd, tmp_path):
     output.save("profile", "html", doc, str(tmp_path / "fg.html"))
     text = (tmp_path / "fg.html").read_text(encoding="utf-8")
     assert not ANY_FORBIDDEN.search(text)
-    (svg,) = _svgs(text)
-    _assert_visible("\n".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")))
+    svgs = _svgs(text)                  # the graph by function and by line (a control shows one)
+    assert len(svgs) == 2
+    for svg in svgs:
+        _assert_visible("\n".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")))
     # speedscope is JSON: every character escaped by the JSON writer, the names intact when read back.
     output.save("profile", "speedscope", doc, str(tmp_path / "fg.json"))
     raw = (tmp_path / "fg.json").read_bytes()

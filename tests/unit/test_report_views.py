@@ -1,6 +1,7 @@
 """reports/ reads top-down (forms -> renderers -> values), every view writes a value and a verdict the
 same way, and every text form writes any string, a lone surrogate included."""
 import ast
+import re
 import io
 import json
 import subprocess
@@ -162,3 +163,33 @@ def test_html_footer_writes_probe_costs_as_values_not_json():
     output.emit("report", "html", rep, page)
     assert "placement: proc_reads 28, samples 8" in page.getvalue()
     assert "{&quot;proc_reads" not in page.getvalue() and '{"proc_reads' not in page.getvalue()
+
+
+def test_flamegraph_groups_frames_by_function_by_default_and_by_line_on_request():
+    from tests.helpers import run_cli
+    from trainprobe.reports import folded
+    bundle = str(REPO / "tests/data/h200/live/bundles/starved.tar.gz")
+    by_function = folded.parse(run_cli("flamegraph", "--input", bundle, "--format", "folded").out)
+    by_line = folded.parse(run_cli("flamegraph", "--input", bundle, "--format", "folded", "--group", "line").out)
+    assert by_line and sum(by_function.values()) == sum(by_line.values())
+    frames_f = {f for k in by_function for f in k.split(";")}
+    frames_l = {f for k in by_line for f in k.split(";")}
+    assert not [f for f in frames_f if re.search(r":\d+\)$", f)]
+    assert "_SingleProcessDataLoaderIter._next_data (torch/utils/data/dataloader.py:801)" in frames_l
+    assert "_SingleProcessDataLoaderIter._next_data (torch/utils/data/dataloader.py)" in frames_f
+    assert len(frames_f) < len(frames_l)
+    assert folded.group(by_line, "function") == by_function
+
+
+def test_a_grouped_frame_keeps_its_file_in_speedscope_and_its_colour():
+    from trainprobe.reports import flamegraph, speedscope
+    assert speedscope.frame_of("step (t.py)") == {"name": "step", "file": "t.py"}
+    assert speedscope.label_of({"name": "step", "file": "t.py"}) == "step (t.py)"
+    assert flamegraph.frame_kind("step (t.py)") == "user" and flamegraph.frame_kind("f (torch/x.py)") == "library"
+    assert flamegraph.frame_kind("thread (12, loader)") == "pseudo"
+
+
+def test_waiting_part_is_the_stacks_that_end_in_a_blocking_call():
+    from trainprobe.agent.flame_split import waiting_part
+    prof = {"a (t.py:1);Condition.wait (threading.py:3)": 5, "a (t.py:1);b (t.py:2)": 7, "a (t.py:1);Queue.get (q.py:9)": 2}
+    assert waiting_part(prof) == {"a (t.py:1);Condition.wait (threading.py:3)": 5, "a (t.py:1);Queue.get (q.py:9)": 2}
