@@ -474,7 +474,7 @@ def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float,
     before = PublicProc(job, thread=job.thread, tag="before")
     procs = [before]
     try:
-        before.warm(job.warmup * a.warmup_scale)
+        before.warm(job.warmup * a.warmup_scale, a.start_timeout)
         (out / "bundles").mkdir(parents=True, exist_ok=True)
         bundle = out / "bundles" / f"{job.name}.tar.gz"
         rep = diagnose(before.proc.pid, bundle, a.duration, a.diagnose_args)
@@ -533,7 +533,7 @@ def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float,
             return row
         before.pause()
         for p, _ in after_procs:
-            p.warm(job.warmup * a.warmup_scale)
+            p.warm(job.warmup * a.warmup_scale, a.start_timeout)
             p.pause()
         rates = interleaved(procs, a.seconds, a.settle, a.min_reps, a.max_reps, a.target, deadline)
         row["before"] = [round(x, 3) for x in rates[0]]
@@ -774,6 +774,7 @@ def main() -> int:
     ap.add_argument("--max-reps", type=int, default=8)
     ap.add_argument("--target", type=float, default=0.05, help="half-width of the 95%% interval, log units")
     ap.add_argument("--warmup-scale", type=float, default=1.0)
+    ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds a job may take to its first steps")
     ap.add_argument("--budget", type=float, default=840.0, help="no job starts after this many seconds")
     ap.add_argument("--job-seconds", type=float, default=150.0, help="a job's repetitions stop after this")
     ap.add_argument("--to-tests", nargs="*", default=None)
