@@ -279,7 +279,7 @@ def gpu_jobs() -> list[PublicJob]:
         PublicJob("dcgan-gpu-fake", "gpu", EX, "dcgan/main.py",
                   ["--dataset", "fake", "--accel", "--workers", "2", "--niter", "1000",
                    "--outf", "/tmp/trainprobe-dcgan-out"],
-                  "pytorch/examples DCGAN on FakeData (64x64), 2 workers re-created every 782 steps",
+                  "pytorch/examples DCGAN on FakeData (1000 images, 64x64): 2 workers re-created every 16 steps",
                   cwd="dcgan", warmup=6.0),
         PublicJob("mnist-gpu", "gpu", EX, "mnist/main.py", ["--epochs", "1000"],
                   "pytorch/examples MNIST CNN on the GPU: 1 persistent worker, pinned memory",
