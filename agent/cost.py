@@ -26,6 +26,14 @@ AGENT_FIXED_CPU_S = 0.18
 # 0.25 CPU-s with 14 workers on the GPU node.
 AGENT_PER_PROCESS_CPU_S = 0.005
 AGENT_RSS_MB = 30.0
+# The first adjustable probe (py-spy: the training thread's stacks) runs at its minimum when the
+# budget is spent (short windows, small machines), but not when that minimum is out of all
+# proportion: more than this many times the budget and more than half a core over the window. py-spy
+# reads every thread on each sample, so 10,000 threads make its least sampling cost hundreds of
+# CPU-seconds (and py-spy gives up past 4096 threads). Then it is left out, saying why; `--rate N`
+# runs it anyway.
+MAX_MINIMUM_OVER_BUDGET = 4.0
+MAX_MINIMUM_CORES = 0.5
 # The models' spread between runs is about +-15% (contention, the target's stacks): adjustable
 # probes are planned against this share of the budget, so the measured tree stays within it.
 PLAN_MARGIN = 0.85
@@ -122,8 +130,15 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         cost = pr.fit_budget(spec, job, max(0.0, left - reserve))
         if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
-            # its minimum even when the budget is spent (short windows), and the plan says so.
-            cost = pr.fit_budget(spec, job, pr.min_cost(spec.window_s, job.threads))
+            # its minimum even when the budget is spent (short windows), and the plan says so,
+            # unless that minimum is out of all proportion to the budget (a process of many threads).
+            least = pr.min_cost(spec.window_s, job.threads)
+            if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
+                p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
+                                      f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "
+                                      f"({total:.2f} CPU-s: {basis}); `--rate N` runs it anyway")
+                continue
+            cost = pr.fit_budget(spec, job, least)
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:

@@ -13,6 +13,9 @@ Reads, under a root (default "/"), for the target and each descendant:
   sys/devices/system/node/node*/cpulist   which node each CPU belongs to
 and, when the target is a torchrun rank, the cmdline of its parent (the launcher).
 
+At most procfs.MAX_PROCESSES_FOLLOWED processes are followed (the first seen) and, of each, at
+most procfs.MAX_THREADS_READ threads (the main thread and the lowest ids), whatever the job's shape.
+
 Cost: a few thousand small /proc reads over the window, and one read of numa_maps per process, for
 which the kernel walks the process's page tables (15-30 ms per GB resident measured on the
 development VM; the target is not stopped). A process above 64 GB resident (option
@@ -131,11 +134,24 @@ class Sampler:
         self.nodes: dict[str, str | None] = {}
         self.launcher: dict[str, Any] | None = None
         self.reads = 0
+        self.not_followed: set[int] = set()
 
     def _tree(self, root: str) -> list[tuple[int, int]]:
         if not os.path.isdir(procfs.path(root, f"proc/{self.pid}")):
             return []
-        return [(self.pid, 0)] + procfs.descendants_of(self.pid, root)
+        tree = [(self.pid, 0)] + procfs.descendants_of(self.pid, root)
+        # The first MAX_PROCESSES_FOLLOWED processes seen are followed; a job forking without end
+        # is not read without end (the others are counted).
+        kept, new = [], 0
+        for p, pp in tree:
+            if str(p) in self.procs:
+                kept.append((p, pp))
+            elif len(self.procs) + new < procfs.MAX_PROCESSES_FOLLOWED:
+                kept.append((p, pp))
+                new += 1
+            else:
+                self.not_followed.add(p)
+        return kept
 
     def _first_sight(self, root: str, pid: int) -> None:
         base = f"proc/{pid}"
@@ -165,9 +181,9 @@ class Sampler:
             if str(pid) not in self.procs:
                 self._first_sight(root, pid)
             tasks: dict[str, str] = {}
-            try:
-                tids = os.listdir(procfs.path(root, f"proc/{pid}/task"))
-            except OSError:
+            # The main thread and the lowest ids, at most procfs.MAX_THREADS_READ of them.
+            tids, n_tasks = procfs.task_ids(root, pid)
+            if not n_tasks:
                 continue
             for tid in tids:
                 text = procfs.try_read_text(root, f"proc/{pid}/task/{tid}/stat")
@@ -213,7 +229,8 @@ class Sampler:
 
     def artifact(self) -> dict[str, Any]:
         return {"pid": self.pid, "procs": self.procs, "samples": self.samples, "nodes": self.nodes,
-                "launcher": self.launcher, "clk_tck": procfs.CLK_TCK, "reads": self.reads}
+                "launcher": self.launcher, "clk_tck": procfs.CLK_TCK, "reads": self.reads,
+                "processes_not_followed": len(self.not_followed)}
 
 
 def capture_from_roots(pid: int, roots: list[str]) -> Capture:
@@ -415,6 +432,8 @@ class PlacementProbe(Probe):
                  f"task/*/stat}} x{len(s.samples)} samples", 0, t0, time.time() - t0)
         rec.add("placement.json", json.dumps(s.artifact()))
         rec.capture.meta["overhead"] = {"proc_reads": s.reads, "samples": len(s.samples)}
+        if s.not_followed:
+            rec.capture.meta["processes_not_followed"] = len(s.not_followed)
 
     @staticmethod
     def parse(capture: Capture) -> PlacementEvidence:

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from trainprobe.probes.parsers import procfs, redact
+from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.errors import ProbeError, TargetGone
@@ -29,8 +29,11 @@ LIB_MARKERS = ("libtorch", "libcuda.so", "libcudart", "libnccl", "libpython", "l
 
 
 def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
-    """One process's facts (psutil) and its threads' raw task files (what psutil lacks)."""
+    """One process's facts (psutil) and its threads' raw task files (what psutil lacks): every
+    thread of a process with at most procfs.MAX_THREADS_READ, else the main thread and the lowest
+    ids up to that many (the process's CPU time still counts them all)."""
     base = f"proc/{pid}"
+    tids, n_tasks = procfs.task_ids(root, pid)
     try:
         proc = procfs.process(pid, root)
         with procfs.ps_errors(f"process {pid}"), proc.oneshot():
@@ -40,10 +43,14 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
                 "num_threads": proc.num_threads(), "user_s": times.user, "system_s": times.system,
                 "cpus_allowed": procfs.format_cpulist(proc.cpu_affinity()),
                 "rss_bytes": proc.memory_info().rss,
-                "threads": {str(t.id): [t.user_time, t.system_time] for t in proc.threads()},
             }
+            # psutil reads every thread's stat; past the cap, the stat files read below give the
+            # CPU times of the threads kept.
+            if n_tasks <= procfs.MAX_THREADS_READ:
+                ps["threads"] = {str(t.id): [t.user_time, t.system_time] for t in proc.threads()}
+                tids = sorted(set(tids) | set(ps["threads"]), key=int)
             try:
-                ps["argv"] = redact.argv(a for a in proc.cmdline() if a)
+                ps["argv"] = procfs.bounded_argv(proc.cmdline())
             except psutil.ZombieProcess:
                 ps["argv"] = []
             ps["cmdline"] = " ".join(ps["argv"])
@@ -52,17 +59,58 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
     # Mems_allowed_list is not in psutil.
     status = procfs.parse_status(procfs.try_read_text(root, f"{base}/status") or "")
     ps["mems_allowed"] = status.get("Mems_allowed_list")
+    if n_tasks > len(tids):
+        ps["threads_not_read"] = n_tasks - len(tids)
     tasks: dict[str, dict[str, str | None]] = {}
-    for tid in ps["threads"]:
+    for tid in tids:
         tstat = procfs.try_read_text(root, f"{base}/task/{tid}/stat")
         if tstat is None:
             continue
         tasks[tid] = {
             "stat": tstat,
-            "status": procfs.try_read_text(root, f"{base}/task/{tid}/status"),
+            "status": _ctxsw_lines(procfs.try_read_text(root, f"{base}/task/{tid}/status")),
             "schedstat": procfs.try_read_text(root, f"{base}/task/{tid}/schedstat"),
         }
     return {"ps": ps, "cmdline": ps["cmdline"], "argv": ps["argv"], "tasks": tasks}
+
+
+class _Followed:
+    """The job's processes a window follows: the first `limit` seen (the target first), so that a job
+    forking short-lived children without end costs a bounded number of reads. The others are counted."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.pids: set[int] = set()
+        self._others: set[int] = set()
+
+    def keep(self, tree: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        out = []
+        for p, pp in tree:
+            if p in self.pids or len(self.pids) < self.limit:
+                self.pids.add(p)
+                out.append((p, pp))
+            elif len(self._others) < 1 << 20:
+                self._others.add(p)
+        return out
+
+    def row(self, t_unix: float, kept: list[tuple[int, int]]) -> dict[str, Any]:
+        return {"t_unix": t_unix, "pids": [p for p, _ in kept]}
+
+    @property
+    def not_followed(self) -> int:
+        return len(self._others)
+
+
+_CTXSW_KEYS = ("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")
+
+
+def _ctxsw_lines(status: str | None) -> str | None:
+    """Of a thread's status file, only the lines the parser reads (its context switches): the rest
+    (1.3 kB a thread, its name included) is in its stat line or not used, and a process of many
+    threads would otherwise store, and redact, megabytes of it."""
+    if status is None:
+        return None
+    return "".join(ln + "\n" for ln in status.splitlines() if ln.startswith(_CTXSW_KEYS))
 
 
 def _environ(root: str, pid: int) -> dict[str, str]:
@@ -108,7 +156,8 @@ class ProcessProbe(Probe):
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         root = spec.root
         t0 = time.time()
-        tree0 = self._tree(spec)
+        follow = _Followed(procfs.MAX_PROCESSES_FOLLOWED)
+        tree0 = follow.keep(self._tree(spec))
         snap0 = self._snapshot(spec, tree0)
         if str(spec.pid) not in snap0["procs"]:
             raise TargetGone(f"process {spec.pid} exited before the window started")
@@ -121,25 +170,24 @@ class ProcessProbe(Probe):
         exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
-        timeline: list[dict[str, Any]] = [{"t_unix": t0, "pids": [p for p, _ in tree0]}]
+        timeline: list[dict[str, Any]] = [follow.row(t0, tree0)]
         target_exited_unix = None
         while not rec.stop.is_set() and time.monotonic() < deadline_monotonic:
             rec.stop.wait(min(0.5, max(0.0, deadline_monotonic - time.monotonic())))
-            tree = self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else []
-            alive = [p for p, _ in tree]
-            timeline.append({"t_unix": time.time(), "pids": alive})
+            tree = follow.keep(self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else [])
+            timeline.append(follow.row(time.time(), tree))
             for p, pp in tree:
                 if str(p) not in env:
                     env[str(p)] = _environ(root, p)
                     parents[str(p)] = pp
-            if not alive or not procfs.is_running(root, spec.pid):
+            if not tree or not procfs.is_running(root, spec.pid):
                 target_exited_unix = time.time()
                 break
-        tree1 = self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else []
+        tree1 = follow.keep(self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else [])
         for p, pp in tree1:
             parents.setdefault(str(p), pp)
         snap1 = self._snapshot(spec, tree1)
-        n_threads = sum(len(s["tasks"]) for s in snap0["procs"].values())
+        n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
         rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
                  "{stat,status,cmdline,environ*,task/*/{stat,status,schedstat}}", 0, t0, time.time() - t0)
         rec.add("snapshots.json", json.dumps({
@@ -147,7 +195,10 @@ class ProcessProbe(Probe):
             "environ": env, "libraries": libs, "exe": exe, "cgroup": cgroup, "cpu_max": cpu_max,
             "cpus_online": procfs.try_read_text(root, "sys/devices/system/cpu/online"),
             "target_exited_unix": target_exited_unix, "threads_at_start": n_threads,
+            "processes_not_followed": follow.not_followed,
         }))
+        if follow.not_followed:
+            rec.capture.meta["processes_not_followed"] = follow.not_followed
 
     @staticmethod
     def parse(capture: Capture) -> ProcessEvidence:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import psutil
 
@@ -28,6 +28,19 @@ ENV_WHITELIST = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
 
 
 MAX_CPUS = 1 << 16           # a cpulist naming more CPUs than this is not from a kernel
+
+# The target chooses its shape; these bound what one run reads and keeps of it (docs/security.md).
+# A process's threads read in detail (stat, status, schedstat): the main thread and the lowest
+# thread ids, up to this many. A large PyTorch process has a few hundred threads; a process with
+# 10,000 would otherwise cost 30,000 reads per snapshot and a report of 10,000 rows. The process's
+# own CPU time still counts every thread.
+MAX_THREADS_READ = 512
+# Processes of one job a probe follows (first sight, environment, snapshots): a job forking
+# short-lived children as fast as it can is followed this far, and its other children counted.
+MAX_PROCESSES_FOLLOWED = 256
+# A command line kept of the target: its first arguments, whole, up to this many characters (the
+# rest said as a count). The kernel allows a megabyte or more; a report carries a line, not that.
+MAX_ARGV_CHARS = 8192
 
 
 def path(root: str, *parts: str) -> str:
@@ -156,12 +169,38 @@ def parse_schedstat(text: str | None) -> dict[str, float] | None:
     return {"run_s": int(parts[0]) / 1e9, "wait_s": int(parts[1]) / 1e9, "timeslices": int(parts[2])}
 
 
+def bounded_argv(args: Iterable[str], max_chars: int = MAX_ARGV_CHARS) -> list[str]:
+    """An argv as trainprobe keeps it: credentials redacted (probes.parsers.redact), and only its
+    first arguments up to `max_chars` characters. Arguments are kept whole or not at all, and
+    redacted whole, so no part of a secret survives a cut; what is left out is said in one last
+    element, `...[N more arguments, M characters not shown]`."""
+    kept: list[str] = []
+    used = 0
+    more_args = more_chars = 0
+    for a in args:
+        if not a:
+            continue
+        if more_args or (used + len(a) > max_chars and kept):
+            more_args += 1
+            more_chars += len(a)
+            continue
+        kept.append(a)
+        used += len(a) + 1
+    out = redact.argv(kept)
+    if out and len(out[0]) > max_chars:          # one argument longer than the whole allowance
+        more_chars += len(out[0]) - max_chars
+        out[0] = out[0][:max_chars]              # redacted before the cut: no secret is split
+    if more_args or more_chars:
+        out.append(f"...[{more_args} more arguments, {more_chars} characters not shown]")
+    return out
+
+
 @parser("/proc parse_argv")
 def parse_argv(raw: bytes | str) -> list[str]:
-    """/proc/PID/cmdline -> the argv list, with credentials redacted (probes.parsers.redact)."""
+    """/proc/PID/cmdline -> the argv list, redacted and bounded (bounded_argv)."""
     if isinstance(raw, str):
         raw = raw.encode()
-    return redact.argv(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+    return bounded_argv(a.decode(errors="replace") for a in raw.split(b"\0") if a)
 
 
 def parse_cmdline(raw: bytes | str) -> str:
@@ -186,6 +225,8 @@ def parse_maps_libraries(text: str) -> list[str]:
     """Distinct shared-object paths mapped by a process."""
     libs: set[str] = set()
     for line in text.splitlines():
+        if ".so" not in line:      # thread stacks and anonymous memory: most lines of a large process
+            continue
         parts = line.split(None, 5)
         if len(parts) == 6 and ".so" in parts[5]:
             libs.add(parts[5].strip())
@@ -263,15 +304,53 @@ def state_letter(status: str) -> str:
     return PSUTIL_STATE.get(status, "?")
 
 
-def _listed_children(pid: int, root: str) -> list[int] | None:
+def thread_count(root: str, pid: int) -> int | None:
+    """How many threads a process has, without listing them: procfs counts a process's threads in
+    the link count of its task directory (2 + threads; a captured tree's directory counts its
+    subdirectories the same way). None when it is gone or the count is not kept (a file system
+    that always says 1)."""
+    try:
+        n = os.stat(path(root, f"proc/{pid}/task")).st_nlink - 2
+    except OSError:
+        return None
+    return n if n > 0 else None
+
+
+def task_ids(root: str, pid: int, limit: int = MAX_THREADS_READ) -> tuple[list[str], int]:
+    """The thread ids of a process to read in detail, and how many threads it has: the main thread
+    and the first ids listed after it, at most `limit` (MAX_THREADS_READ); the listing is read only
+    that far (procfs lists a process's threads leader first). ([], 0) when it is gone."""
+    tids: list[str] = []
+    try:
+        with os.scandir(path(root, f"proc/{pid}/task")) as it:
+            for entry in it:
+                tids.append(entry.name)
+                if len(tids) > limit:
+                    break
+    except OSError:
+        return [], 0
+    if len(tids) <= limit:
+        return sorted(tids, key=_tid_key), len(tids)
+    total = thread_count(root, pid) or len(tids)
+    rest = sorted((t for t in tids if t != str(pid)), key=_tid_key)
+    head = [str(pid)] if os.path.isdir(path(root, f"proc/{pid}/task/{pid}")) else []
+    return head + rest[:limit - len(head)], max(total, limit + 1)
+
+
+def _tid_key(tid: str) -> int:
+    return int(tid) if tid.isdigit() else 1 << 62
+
+
+def _listed_children(pid: int, root: str, tids: list[str] | None = None) -> list[int] | None:
     """The kernel's own list of a process's children (/proc/PID/task/*/children): it costs a read
     per thread of the process, where psutil's children() reads the stat file of every process on
     the host. None when the kernel has no such file (built without CONFIG_PROC_CHILDREN)."""
-    tasks = path(root, f"proc/{pid}/task")
-    try:
-        tids = os.listdir(tasks)
-    except OSError as exc:
-        raise translate_oserror(exc, tasks) from None
+    if tids is None:
+        tasks = path(root, f"proc/{pid}/task")
+        try:
+            tids = os.listdir(tasks)
+        except OSError as exc:
+            raise translate_oserror(exc, tasks) from None
     kids: set[int] = set()
     listed = False
     for tid in tids:
@@ -282,10 +361,57 @@ def _listed_children(pid: int, root: str) -> list[int] | None:
     return sorted(kids) if listed or not tids else None
 
 
-def children_of(pid: int, root: str = "/") -> list[int]:
+SCAN_ABOVE_THREADS = 64      # a process with more threads may be cheaper to answer by a host scan
+
+
+class _ParentScan:
+    """Every process's parent, from one pass over proc/*/stat, made at most once per walk and only
+    when needed: cheaper than the kernel's child lists for a process with more threads than the
+    host has processes (each thread keeps its own list: 10,000 threads are 10,000 reads a listing)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._names: list[str] | None = None
+        self._kids: dict[int, list[int]] | None = None
+
+    @property
+    def host_processes(self) -> int:
+        if self._names is None:
+            try:
+                self._names = [n for n in os.listdir(path(self.root, "proc")) if n.isdigit()]
+            except OSError:
+                self._names = []
+        return len(self._names)
+
+    def children(self, pid: int) -> list[int]:
+        if self._kids is None:
+            self._kids = {}
+            for n in self._names or []:
+                text = try_read_text(self.root, f"proc/{n}/stat")
+                if not text or ")" not in text:
+                    continue
+                rest = text[text.rindex(")") + 2:].split()
+                if len(rest) > 1 and rest[1].isdigit():
+                    self._kids.setdefault(int(rest[1]), []).append(int(n))
+        return sorted(self._kids.get(pid, []))
+
+
+def children_of(pid: int, root: str = "/", scan: _ParentScan | None = None) -> list[int]:
     """Direct children of a process: the kernel's list where it keeps one, else psutil's scan.
-    A captured tree is read from its files only (psutil reads a whole live /proc)."""
-    kids = _listed_children(pid, root)
+    A process with more threads than the host has processes is answered from one pass over every
+    process's stat instead (`scan`, shared by a walk). A captured tree is read from its files only
+    (psutil reads a whole live /proc)."""
+    n = thread_count(root, pid)
+    if n is not None and n > SCAN_ABOVE_THREADS:
+        scan = scan or _ParentScan(root)
+        if 0 < scan.host_processes < n:
+            return scan.children(pid)
+    tasks = path(root, f"proc/{pid}/task")
+    try:
+        tids = os.listdir(tasks)
+    except OSError as exc:
+        raise translate_oserror(exc, tasks) from None
+    kids = _listed_children(pid, root, tids)
     if kids is not None:
         return kids
     if root not in ("", "/"):
@@ -294,19 +420,20 @@ def children_of(pid: int, root: str = "/") -> list[int]:
         return sorted(c.pid for c in process(pid, root).children())
 
 
-def descendants_of(pid: int, root: str = "/") -> list[tuple[int, int]]:
-    """(pid, parent pid) for every descendant, breadth first. Processes that vanish during the walk
-    are skipped."""
+def descendants_of(pid: int, root: str = "/", limit: int = 4 * MAX_PROCESSES_FOLLOWED) -> list[tuple[int, int]]:
+    """(pid, parent pid) for every descendant, breadth first, at most `limit` of them (a job forking
+    without end is not walked without end). Processes that vanish during the walk are skipped."""
     out: list[tuple[int, int]] = []
     frontier, seen = [pid], {pid}
-    while frontier:
+    scan = _ParentScan(root)
+    while frontier and len(out) < limit:
         p = frontier.pop(0)
         try:
-            kids = children_of(p, root)
+            kids = children_of(p, root, scan)
         except ProbeError:    # a process that exits mid-walk has no children
             continue
         for k in kids:
-            if k not in seen:
+            if k not in seen and len(out) < limit:
                 seen.add(k)
                 out.append((k, p))
                 frontier.append(k)
