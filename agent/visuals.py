@@ -33,6 +33,7 @@ def build(ev: Evidence, captures: list[Capture]) -> dict[str, Any]:
         out["gpu"] = None
         out["gpu_missing"] = ev.why_missing("gpu")
     out["flamegraphs"], missing = flamegraphs(ev, captures)
+    _mark_waits(ev, captures, out["flamegraphs"])
     if missing:
         out["flamegraphs_missing"] = missing
     return out
@@ -78,3 +79,18 @@ def flamegraphs(ev: Evidence, captures: list[Capture]) -> tuple[list[dict[str, A
         graphs.append({"title": "DataLoader workers",
                        "missing": "no DataLoader worker was seen: with num_workers=0 batches load in the training thread"})
     return graphs, None
+
+
+def _mark_waits(ev: Evidence, captures: list[Capture], graphs: list[dict[str, Any]]) -> None:
+    """Each graph's waiting stacks, and the training thread's on-CPU / run-queue / off-CPU split
+    (agent/flame_split.py), for the flame graphs to draw apart from compute."""
+    from trainprobe.agent import flame_split
+    cap = profiles.pyspy_capture(captures)
+    for i, g in enumerate(graphs):
+        if g.get("profile"):
+            g["waiting"] = flame_split.waiting_part(g["profile"])
+            if i == 0 and cap is not None:
+                st = profiles.stacks_of(cap)
+                tid = st.training.os_tid if st.training else None
+                g["threads"] = [t for t in flame_split.thread_split(ev.get("process"), st.traces, {st.main_pid})
+                                if t["tid"] == tid]
