@@ -36,6 +36,25 @@ def pin_all(pid: int, cpu: int) -> None:
             pass
 
 
+def cpu_busy_s(cpu: int) -> float:
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in next(ln for ln in fh if ln.startswith(f"cpu{cpu} ")).split()[1:9]]
+    return (sum(v[:3]) + sum(v[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        rest = fh.read().rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def least_busy_cpu(seconds: float = 1.0) -> int:
+    cpus = sorted(os.sched_getaffinity(0))
+    b0 = {c: cpu_busy_s(c) for c in cpus}
+    time.sleep(seconds)
+    return min(cpus, key=lambda c: cpu_busy_s(c) - b0[c])
+
+
 def scan_cost(reps: int = 20) -> tuple[int, float]:
     from trainprobe.probes.contention import scan_processes
     c0 = time.thread_time()
@@ -48,13 +67,15 @@ def scan_cost(reps: int = 20) -> tuple[int, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--competitors", type=int, default=2)
-    ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--cpu", type=int, default=None, help="default: the least busy CPU over 1 s")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--phase", type=float, default=3.0)
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--job-args", default="--sample-work 0", help="arguments of the bundled workload")
     a = ap.parse_args()
 
+    if a.cpu is None:
+        a.cpu = least_busy_cpu()
     n, per_scan = scan_cost()
     print(f"contention probe: one /proc scan of {n} processes: {per_scan * 1e3:.2f} ms CPU "
           f"({per_scan / max(n, 1) * 1e6:.1f} us a process)")
@@ -69,7 +90,9 @@ def main() -> int:
         job.wait_ready(4)
         pin_all(job.pid, a.cpu)
         time.sleep(1.0)
+        d0 = time.time()
         r = trainprobe("diagnose", "--pid", str(job.pid), "--duration", str(a.duration), "--json")
+        during = job.rate(d0 + 1.0, time.time())     # the job's steps/s while the diagnosis watched it
         rep = json.loads(r.stdout)
         f = next((x for x in rep["findings"] if x["id"] == "cpu.contended"), None)
         print("findings:", [(x["id"], x["expected_speedup"]) for x in rep["findings"]])
@@ -94,14 +117,23 @@ def main() -> int:
                             sum(c["cpu_seconds_on_job_cpus"] for c in mine) / win / n_cpus)
         print(f"  the benchmark's {len(mine)} of {a.competitors} competitors among those named; the model's "
               f"speedup when only they leave: {sub[0]:.2f}-{sub[1]:.2f}x")
-        ratios, with_c, without_c = [], [], []
+        ratios, with_c, without_c, outside, per_cpu_s = [], [], [], [], {False: [], True: []}
+        mine = [job.pid] + [c.pid for c in comps]
         for _ in range(a.reps):
             rates = []
             for stopped in (False, True):
                 for c in comps:
                     c.send_signal(signal.SIGSTOP if stopped else signal.SIGCONT)
                 t0 = time.time()
-                time.sleep(a.phase)
+                time.sleep(0.5)
+                m0, b0, p0 = time.monotonic(), cpu_busy_s(a.cpu), sum(proc_cpu_s(p) for p in mine)
+                j0, n0 = proc_cpu_s(job.pid), job.points[-1][1]
+                time.sleep(a.phase - 0.5)
+                j1, n1 = proc_cpu_s(job.pid), job.points[-1][1]
+                per_cpu_s[stopped].append((n1 - n0) / max(j1 - j0, 1e-3))
+                # What ran on the CPU that was neither the job nor the benchmark's competitors.
+                outside.append((cpu_busy_s(a.cpu) - b0 - (sum(proc_cpu_s(p) for p in mine) - p0))
+                               / (time.monotonic() - m0))
                 rates.append(job.rate(t0 + 0.5, time.time()))
             with_c.append(rates[0])
             without_c.append(rates[1])
@@ -109,6 +141,14 @@ def main() -> int:
             for c in comps:
                 c.send_signal(signal.SIGCONT)
         meas = statistics.median(ratios)
+        spc = {k: statistics.median(v) for k, v in per_cpu_s.items()}
+        print(f"the job's steps per CPU-second: {spc[False]:.1f} beside the competitors, {spc[True]:.1f} with them "
+              f"stopped: a whole CPU would run it at ~{spc[True]:.1f} steps/s, "
+              f"{spc[True] / statistics.median(with_c):.2f}x the phases' rate beside the competitors and "
+              f"{spc[True] / during:.2f}x the {during:.2f} steps/s of the diagnosed window (what the full "
+              f"prediction stands for): pred/meas {pred / (spc[True] / during):.2f}")
+        print(f"work outside the benchmark on CPU {a.cpu} during the phases: median {statistics.median(outside):.0%} "
+              f"(max {max(outside):.0%}) of the CPU: the full prediction assumes none")
         print(f"steps/s beside the competitors: {', '.join(f'{x:.2f}' for x in with_c)}")
         print(f"steps/s with them stopped:      {', '.join(f'{x:.2f}' for x in without_c)}")
         print(f"measured {meas:.2f}x (paired ratios {min(ratios):.2f}-{max(ratios):.2f}, n={len(ratios)}); "

@@ -29,7 +29,9 @@ import math
 import shlex
 from typing import Any
 
+from trainprobe.agent.combiners import step_model
 from trainprobe.agent.combiners.cpu_wait import HOW, thread_waits
+from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -43,9 +45,13 @@ FREE_SHARE = 0.10          # a CPU where others ran less than this share of the 
 MIN_GAIN = 1.05
 NAMED = 5                  # competitors named in the evidence and fixes
 DETAILED = 10              # competitors in the finding's details
-# The measured band (benchmarks/bench_contended.py): freeing the CPU gave 0.80-1.05 of the
-# predicted gain above 1.0 (cache refill after the others' time slices, the agent's own share).
-LOW_K, HIGH_K = 0.7, 1.15
+# The band around the gain above 1.0. benchmarks/bench_contended.py on the loaded 2-CPU VM (other
+# work took 50-75% of the CPU throughout, so "every other process gone" cannot be staged there):
+# the job's steps per CPU-second were 0.95-1.0 of those with the competitors stopped, and the
+# whole-CPU rate over the diagnosed window's measured 0.95-1.33x the printed gain (pred/meas
+# 0.75-1.05); with only the benchmark's competitors stopped the gain came out 0.9-1.15x the high
+# end of speedup_if_named_leave. Not yet calibrated on a quiet host.
+LOW_K, HIGH_K = 0.7, 1.4
 
 
 def _short(cmd: str, n: int = 60) -> str:
@@ -243,6 +249,16 @@ def cpu_contended(ev: Evidence) -> Finding | None:
     busy = (ev.get("gpu") or {}).get("busy_fraction")
     u_cores = float(con["job_cpu_seconds"]) / win
     gain, bound, limit = _gain(ld, r_self, f, busy, u_cores, budget)
+    sm = step_model.from_evidence(ev)
+    sm_details = None
+    if sm is not None:
+        # The step after the others leave with every other constraint in place (step model): the
+        # workers' pace, the GPU's busy time, the job's CPU work over all its CPUs.
+        step = sm.after(Change(others_removed=(ld["r_loop"], r_self)))
+        gain = max(step.speedup, 1.0)
+        sm_details = {**sm.details(step), "change": {"others_removed": [round(ld["r_loop"], 4), round(r_self, 4)]}}
+        limit = step_model.BINDING_WORDS.get(step.binding, step.binding)
+        bound = f"{bound}; on the step model: the step is then set by {limit} ({step.mid:.2f} of today's): {gain:.2f}x"
     if gain < MIN_GAIN:
         return None
     comps = [c for c in con.get("competitors", []) if c["cpu_seconds_on_job_cpus"] > 0]
@@ -299,7 +315,7 @@ def cpu_contended(ev: Evidence) -> Finding | None:
     return Finding(
         "cpu.contended", title, gain, bound, conf, facts, _fixes(con, ev, named, demand, win), risk="medium",
         interval=(lo, hi),
-        details={"source": source, "job_cpus": con["job_cpus"], "job_cpu_budget": budget,
+        details={"source": source, "job_cpus": con["job_cpus"], "job_cpu_budget": budget, "step_model": sm_details,
                  "runq_share_training": round(ld["r_train"], 4), "runq_share_team": round(ld["r_team"], 4),
                  "runq_share_workers": round(ld["r_workers"], 4), "own_runnable_threads": round(demand, 3),
                  "runq_share_own": round(r_self, 4), "others_cpu_seconds_on_job_cpus": round(float(others), 3),
