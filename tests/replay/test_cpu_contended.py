@@ -160,3 +160,25 @@ def test_what_named_competitors_alone_are_worth_lies_below_every_other_process_l
     lo, hi = gain_if_leave(cpu=0.2, r=0.8, others_share=0.8, leaving_share=0.4)
     assert 1.0 < lo <= hi <= 1 / (1 - 0.8)
     assert gain_if_leave(0.2, 0.8, 0.8, 0.8) == (5.0, 5.0)
+
+
+@pytest.mark.parametrize("source", ["bcc/healthy", "ledger/bundles/healthy-in-memory.tar.gz"])
+def test_the_healthy_job_captured_alone_stays_compute_bound(source):
+    # The same in-memory job on a quiet CPU (captures taken before the contention probe existed):
+    # its training thread barely waits for a CPU, so subtracting that wait keeps it compute-bound.
+    import gzip
+    from trainprobe.agent.combiners.cpu_wait import training_wait
+    if source.endswith(".tar.gz"):
+        b = bundle.load(str(DATA / source))
+        ev = build([c for c in b.captures if c.status in ("ok", "timeout") and c.artifacts], b.context)
+    else:
+        caps = []
+        for p in sorted((DATA / source).glob("*.capture.json.gz")):
+            with gzip.open(p, "rt") as fh:
+                caps.append(Capture.from_dict(json.load(fh)))
+        ev = build(caps, json.loads((DATA / source / "context.json").read_text()))
+    findings, _ = run_rules(ev)
+    wait = training_wait(ev)
+    assert wait is not None and wait["r"] < 0.10
+    assert [f.id for f in findings][:1] == ["compute.bound"], [(f.id, f.expected_speedup) for f in findings]
+    assert "cpu.contended" not in {f.id for f in findings}
