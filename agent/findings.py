@@ -69,7 +69,8 @@ class Finding:
             lo, hi = default_interval(self.expected_speedup, self.confidence)
         else:
             lo, hi = self.interval
-        lo, hi = max(1.0, float(lo)), max(1.0, float(hi))
+        # The low end may lie under 1.0x: a fix can slow the job (a thread cap on shared CPUs).
+        lo, hi = max(0.0, float(lo)), max(1.0, float(hi))
         self.interval = (round(min(lo, self.expected_speedup), 2), round(max(hi, self.expected_speedup), 2))
 
     def to_dict(self) -> dict[str, Any]:

@@ -74,7 +74,8 @@ def gpu_facts(ev: Evidence) -> dict[str, Any] | None:
 
 
 PLAN_GAIN = 1.03        # a finding joins the plan when it makes the joint step at least this much shorter
-PLAN_IDS = ("dataloader.starved", "host.sync", "host.launch_bound", "h2d.pageable", "cpu.oversubscribed")
+PLAN_IDS = ("dataloader.starved", "host.sync", "host.launch_bound", "h2d.pageable", "cpu.oversubscribed",
+            "gil.contention", "cpu.contended")
 
 
 def fix_knobs(f: Finding) -> dict[str, Any]:
@@ -86,10 +87,13 @@ def fix_knobs(f: Finding) -> dict[str, Any]:
     return out
 
 
-def change_of(finding_id: str, knobs: dict[str, Any]) -> Change | None:
-    """A finding's fix in the step model's terms; None for a fix the model does not cover."""
+def change_of(finding_id: str, knobs: dict[str, Any], f: Finding | None = None) -> Change | None:
+    """A finding's fix in the step model's terms; None for a fix the model does not cover (or a
+    GIL or contention finding whose details carry no step model)."""
     if finding_id not in PLAN_IDS:
         return None
+    if finding_id in ("gil.contention", "cpu.contended"):
+        return _change_from_details(finding_id, f)
     if finding_id == "host.sync":
         return Change(sync_removed=True)
     if finding_id == "host.launch_bound":
@@ -100,6 +104,19 @@ def change_of(finding_id: str, knobs: dict[str, Any]) -> Change | None:
                   pin_memory=bool(knobs.get("pin_memory")), persistent=bool(knobs.get("persistent_workers")),
                   runq_removed=finding_id == "cpu.oversubscribed",
                   sample_cost=float(knobs.get("sample_cost_factor") or 1.0))
+
+
+def _change_from_details(finding_id: str, f: Finding | None) -> Change | None:
+    """The GIL and contention fixes' Change, rebuilt from what their rules recorded."""
+    det = (f.details or {}) if f is not None else {}
+    if not det.get("step_model"):
+        return None
+    ch = det["step_model"].get("change") or {}
+    if finding_id == "gil.contention" and ch.get("gil_step"):
+        return Change(gil_step=tuple(ch["gil_step"]), gil_freed_cores=float(ch.get("gil_freed_cores") or 0.0))
+    if finding_id == "cpu.contended" and ch.get("others_removed"):
+        return Change(others_removed=tuple(ch["others_removed"]))
+    return None
 
 
 def plan(ev: Evidence, findings: list[Finding]) -> dict[str, Any] | None:
@@ -113,7 +130,7 @@ def plan(ev: Evidence, findings: list[Finding]) -> dict[str, Any] | None:
     joint, best = Change(), None
     for f in findings:
         knobs = fix_knobs(f)
-        ch = change_of(f.id, knobs)
+        ch = change_of(f.id, knobs, f)
         if ch is None:
             continue
         cand = joint.merged(ch)

@@ -16,7 +16,9 @@ variants are diagnosed only: they must give no finding above 1.2x.
                                                                 # files of one kind are merged)
     python benchmarks/ledger.py --render tests/data/ledger/*.json   # rewrite docs/ledger.md
 
-Options: --cases a,b (a subset), --reps N (default 3), --seconds S (timed seconds per run),
+Options: --cases a,b (a subset), --reps N (at least N interleaved pairs, default 3; more are added
+until the ratio's 95% interval is within --target of it, default 5%, or --max-reps, default 12),
+--seconds S (timed seconds per run),
 --duration D (diagnosis window). Writes DIR/ledger-KIND.json (raw: every rate, every ratio, the
 report's findings), DIR/bundles/CASE.tar.gz, DIR/reports/CASE.json, and with --docs the page
 docs/ledger.md. No case starts after --budget seconds (default 540 for gpu, 720 for cpu).
@@ -102,6 +104,8 @@ def apply_knobs(knobs: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
             out["sample_work"] = int(out.get("sample_work", 0) * v)
         elif k == "non_blocking" and "_cpu" in out:
             continue
+        elif k == "omp_wait_policy":
+            out["_env"] = {**out.get("_env", {}), "OMP_WAIT_POLICY": str(v).upper()}
         else:
             out[k] = v
     return out
@@ -130,8 +134,10 @@ def cpu_cases(tmp: Path) -> list[Case]:
              "a background thread spinning in pure Python", reference={"gil_spinner": False}),
         Case("gil-bursts", "cpu", "gil.contention", {**c, "sample_work": 0, "gil_spinner": True, "gil_pause_ms": 0.5},
              "a background thread holding the GIL in bursts with 0.5 ms pauses", reference={"gil_spinner": False}),
+        # The job's own threads only: a busy process beside it (outside its tree) takes a CPU the cap
+        # cannot return, which makes it a cpu.contended job (bench_contended.py measures those).
         Case("threads-oversubscribed", "cpu", "cpu.oversubscribed", {**c, "sample_work": 0, "threads": 16},
-             "16 intra-op threads beside a busy process", competitors=1),
+             "16 intra-op threads on 2 CPUs"),
         Case("workers-oversubscribed", "cpu", "cpu.oversubscribed",
              {**c, "num_workers": 3, "sample_work": 150, "threads": 4},
              "3 worker processes beside 4 intra-op threads on the CPUs", reference={"num_workers": 1, "threads": 1}),
@@ -183,8 +189,9 @@ def gpu_cases() -> list[Case]:
 # -- measuring -----------------------------------------------------------------------------------
 
 class Job:
-    def __init__(self, argv: list[str], competitors: int = 0):
+    def __init__(self, argv: list[str], competitors: int = 0, env_extra: dict[str, str] | None = None):
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+        env.update(env_extra or {})
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(competitors)]
@@ -250,31 +257,71 @@ def argv_of(case: Case, knobs: dict[str, Any]) -> list[str]:
     return cpu_argv(knobs) if case.kind == "cpu" else gpu_argv(knobs)
 
 
+# Repetitions are sized from the measured spread: after MIN_REPS interleaved pairs, more are added
+# until the 95% interval of the ratio (geometric mean of the pairs' ratios, Student's t on their logs)
+# is within TARGET_HALF_WIDTH of it, or MAX_REPS pairs, or the case's time is spent.
+MIN_REPS = 3
+TARGET_HALF_WIDTH = 0.05
+MAX_REPS = 12
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 18: 2.10, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of the ratio's 95% interval from the pairs' log ratios."""
+    logs = [math.log(max(x, 1e-9)) for x in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), 0.0, float("inf")
+    df = len(logs) - 1
+    t = T975.get(df) or T975[max(k for k in T975 if k <= df)]
+    hw = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - hw), math.exp(mean + hw)
+
+
+def set_reps(max_reps: int, target: float) -> None:
+    global MAX_REPS, TARGET_HALF_WIDTH
+    MAX_REPS, TARGET_HALF_WIDTH = max_reps, target
+
+
+def pinned(ratios: list[float], target: float = TARGET_HALF_WIDTH) -> bool:
+    g, lo, hi = ratio_interval(ratios)
+    return len(ratios) >= 2 and (hi / g - 1.0) <= target and (1.0 - lo / g) <= target
+
+
 def interleaved(case: Case, before: "Job", after_knobs: dict[str, Any], reps: int, seconds: float,
-                settle: float) -> tuple[list[float], list[float]]:
+                settle: float, max_reps: int | None = None, target: float | None = None,
+                budget_s: float = 240.0) -> tuple[list[float], list[float]]:
     """Rates of the job before and after the fix, alternating: each job starts once and is paused
-    (SIGSTOP, workers and competitors too) while the other one is measured."""
+    (SIGSTOP, workers and competitors too) while the other one is measured. At least `reps` pairs,
+    then more until the ratio's 95% interval is within `target` of it (or max_reps, or budget_s)."""
+    max_reps, target = max_reps or MAX_REPS, target or TARGET_HALF_WIDTH
     before.pause()
-    after = Job(argv_of(case, after_knobs), after_knobs.get("_competitors", case.competitors))
+    after = Job(argv_of(case, after_knobs), after_knobs.get("_competitors", case.competitors),
+                after_knobs.get("_env"))
+    t0 = time.monotonic()
     try:
         after.wait_ready()
         after.pause()
         b_r, a_r = [], []
-        for _ in range(reps):
+        while True:
             before.resume(settle)
             b_r.append(before.rate(seconds))
             before.pause()
             after.resume(settle)
             a_r.append(after.rate(seconds))
             after.pause()
-        return b_r, a_r
+            n = len(b_r)
+            if n >= reps and (n >= max(reps, max_reps) or pinned([a / b for a, b in zip(a_r, b_r)], target)
+                              or time.monotonic() - t0 > budget_s):
+                return b_r, a_r
     finally:
         after.stop()
 
 
 def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> tuple[dict[str, Any], Job]:
     """The diagnosis of the job before the fix, and the job itself, still running."""
-    job = Job(argv_of(case, case.knobs), case.competitors)
+    job = Job(argv_of(case, case.knobs), case.competitors, case.knobs.get("_env"))
     try:
         job.wait_ready()
         (out / "bundles").mkdir(parents=True, exist_ok=True)
@@ -348,10 +395,14 @@ def _run_case(case: Case, rep: dict[str, Any], job: Job, reps: int, seconds: flo
     if after == case.knobs:
         row.update(ok=False, reason="the fix changes no knob of this job")
         return row
+    load0 = os.getloadavg()[0]
     b_r, a_r = interleaved(case, job, after, reps, seconds, settle)
     before_r, after_r = [round(x, 3) for x in b_r], [round(x, 3) for x in a_r]
     ratios = [a / b for a, b in zip(a_r, b_r)]
     med = statistics.median(ratios)
+    g, g_lo, g_hi = ratio_interval(ratios)
+    row.update(reps=len(ratios), ratio_gmean=round(g, 3), ratio_interval95=[round(g_lo, 3), round(g_hi, 3)],
+               pinned=pinned(ratios), loadavg=[round(load0, 2), round(os.getloadavg()[0], 2)])
     lo, hi = row["interval"] or (row["predicted"], row["predicted"])
     row.update(before=before_r, after=after_r, ratios=[round(x, 3) for x in ratios], measured=round(med, 3),
                measured_min=round(min(ratios), 3), measured_max=round(max(ratios), 3),
@@ -413,8 +464,13 @@ def render(ledgers: list[dict[str, Any]]) -> str:
                 knobs = f"{knobs} ({r['finding']}'s fix; {r['finding']} now stays silent: under {QUIET:g}x)"
             pred = f"{r['predicted']:.2f}x" + (f" (no {r['finding']})" if r.get("silent") else "")
             ivs = f"<{QUIET:g}x" if r.get("silent") else f"{iv[0]:.2f}-{iv[1]:.2f}x"
+            meas = f"{r['measured']:.2f}x ({r['measured_min']:.2f}-{r['measured_max']:.2f})"
+            if r.get("ratio_interval95"):
+                lo95, hi95 = r["ratio_interval95"]
+                meas += (f"; 95% {lo95:.2f}-{hi95:.2f} over {r['reps']} pairs"
+                         + (f", load {r['loadavg'][0]:.1f}" if r.get("loadavg") else ""))
             out.append(f"| {r['case']}: {r['what']} | {r['top']} | {pred} | {ivs} "
-                       f"| {r['measured']:.2f}x ({r['measured_min']:.2f}-{r['measured_max']:.2f}) | "
+                       f"| {meas} | "
                        f"{r['predicted'] / r['measured']:.2f} | {knobs} | {'yes' if r['ok'] else 'no'} |")
         rows = [r for r in led["rows"] if not r.get("error")]
         top_ok = sum(1 for r in rows if r.get("top_correct"))
@@ -453,11 +509,10 @@ def merge(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Path]]]:
 
 # Why a row the models do not meet misses (beside the figures to_tests writes): what is understood.
 MISS_WHY = {
-    "threads-oversubscribed": "16 intra-op threads on 2 CPUs: the training team's run-queue wait (r=0.79) is the "
-                              "team time-sharing useful work, so capping it at 2 threads measured 0.90x (0.85x on a "
-                              "loaded run), while the same fix measured 11.93x on an earlier job whose threads spun; "
-                              "the process probe cannot tell spinning from useful work yet (eBPF on-CPU time per "
-                              "thread could), so the 1/(1-r) model is kept and this row is not fitted",
+    "threads-oversubscribed": "16 intra-op threads on 2 CPUs: the cap gains only the waste in the team's CPU time and "
+                              "the CPUs the job will hold, neither of which the default probes measure directly "
+                              "(spinning and useful work look alike; others' load on a shared host moves between "
+                              "windows)",
     "gan-recreated": "workers re-created every 16 steps hide their CPU (the process probe read 4 of the 12 worker "
                      "PIDs in the window: D=0.55 where a loop waiting 84% on 2 workers implies 1.3-2), and a "
                      "16-step epoch still waits for its first batch after persistent_workers=True, which the "
@@ -479,7 +534,8 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
         b = bundle_dirs.get(r["case"], Path("/nonexistent")) / f"{r['case']}.tar.gz"
         if r.get("error") or not b.exists():
             continue
-        shutil.copy(b, dst / "bundles" / b.name)
+        if b.resolve() != (dst / "bundles" / b.name).resolve():     # rows already kept stay as they are
+            shutil.copy(b, dst / "bundles" / b.name)
         out = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(b), "--json"], cwd=REPO, capture_output=True, text=True,
                              env=dict(os.environ, PYTHONPATH=str(REPO)))
         fs = json.loads(out.stdout)["findings"]
@@ -554,6 +610,7 @@ HELDOUT_GRID = {
     "churn_m": (1.5, 2.3, 3.0),
     "scale_a": (0.0, 0.25, 0.5, 1.0),
     "compile_e": (0.45, 0.6, 0.8),
+    "switch_us": (10.0, 30.0, 50.0),
 }
 MIN_FIT_ROWS = 2             # a constant is fitted only on at least this many rows that it moves
 
@@ -573,14 +630,15 @@ def measured_rows(paths: list[Path]) -> list[dict[str, Any]]:
                              if isinstance(e, dict)]
             for e in entries:
                 finding = e.get("finding") or e.get("id")
-                if "measured" not in e or not finding:
-                    continue
+                if e.get("measured") is None or not finding:
+                    continue          # not measured (the public ledger's 'not applicable generically')
                 b = r.get("bundle")
-                cands = ([path.parent / b] if b else []) + [path.parent / "bundles" / f"{r['case' if 'case' in r else 'name']}.tar.gz"]
+                name = r.get("case") or r.get("job") or r.get("name")
+                cands = ([path.parent / b] if b else []) + [path.parent / "bundles" / f"{name}.tar.gz"]
                 bundle = next((c for c in cands if c.exists()), None)
                 if bundle is None:
                     continue
-                out.append({"case": r.get("case") or r.get("name"), "source": path.name, "finding": finding,
+                out.append({"case": name, "source": path.name, "finding": finding,
                             "measured": float(e["measured"]), "ratios": e.get("ratios") or [],
                             "bundle": bundle})
     return out
@@ -683,7 +741,10 @@ def main() -> int:
     ap.add_argument("--kind", choices=("cpu", "gpu"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all of the kind)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="at least this many interleaved before/after pairs")
+    ap.add_argument("--max-reps", type=int, default=12, help="at most this many pairs (default 12)")
+    ap.add_argument("--target", type=float, default=0.05,
+                    help="add pairs until the ratio's 95%% interval half-width is under this share (default 0.05)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (cpu 4, gpu 4)")
     ap.add_argument("--duration", type=float, default=None, help="diagnosis window (cpu 4, gpu 5)")
     ap.add_argument("--budget", type=float, default=None, help="no case starts after this many seconds")
@@ -720,6 +781,7 @@ def main() -> int:
         return 0
     if not a.kind:
         ap.error("--kind is required")
+    set_reps(max(a.max_reps, a.reps), a.target)
     seconds = a.seconds or 4.0
     duration = a.duration or (4.0 if a.kind == "cpu" else 5.0)
     budget = a.budget or (720.0 if a.kind == "cpu" else 540.0)
@@ -761,7 +823,8 @@ def main() -> int:
         except (OSError, IndexError):
             gpu = None
     led = {"meta": {"kind": a.kind, "host": os.uname().nodename, "cpus": len(os.sched_getaffinity(0)), "gpu": gpu,
-                    "reps": a.reps, "seconds": seconds, "duration": duration, "wall_s": time.time() - t_start,
+                    "reps": a.reps, "max_reps": MAX_REPS, "target_half_width": TARGET_HALF_WIDTH,
+                    "loadavg_start": list(os.getloadavg()), "seconds": seconds, "duration": duration, "wall_s": time.time() - t_start,
                     "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "command": "python benchmarks/ledger.py " + " ".join(sys.argv[1:])},
            "rows": rows}

@@ -27,6 +27,19 @@ The step after a fix is the largest of what stays in place:
            SCALE_A below, fitted held out; see docs/models.md),
     cpu    U' / P, the CPU the job needs after the fix over the CPUs it gets,
     gpu    b, the GPU's own busy time.
+A thread cap (cpu.oversubscribed's fix: no more runnable threads of the job than CPUs) does not
+remove the run-queue wait as such: threads that time-share a CPU doing useful work need the same
+CPU-seconds after the cap. It shortens the loop's time only by the share sigma of the job's CPU
+time that was waste (a thread spinning while its peers wait, the cache refilled after each
+preemption), and lengthens it where the job held fewer CPUs than it will (U / H', H' the CPUs it
+holds after the cap: its threads and workers, at most P less what other processes take):
+    loop' = loop (1 - sigma) U / H'.
+sigma is read from the team's involuntary context switches per held core (each costs
+SWITCH_COST_S of refill and re-wait: a preempted spinner or a thread woken into a busy CPU), at
+most SIGMA_MAX; the probes cannot tell a spinning thread from a working one, so the interval runs
+from no waste and the others keeping their CPUs (and, where other processes share the job's CPUs,
+a team of exactly P threads losing CAP_SHARED_LOSS at its barriers) to twice the waste with all of
+P held (others' load on a shared host moves from one window to the next).
 A fix is worth 1 / step'. The binding term is the constraint that sets the predicted step; every
 other constraint stays in place, so removing a sync on a job that waits for its workers gains what
 the workers allow. Where the fix gives W workers and n' intra-op threads more busy threads than P
@@ -60,6 +73,8 @@ class Calibration:
                 copy-on-write faults come back with them)
     scale_a     per-worker rate at W workers: e(W) = 1 / (1 + a max(0, W - max(W_now, 1)) / P)
     compile_e   share of the launch-bound GPU idle that torch.compile(mode="reduce-overhead") removes
+    switch_us   cost of one involuntary context switch of a busy intra-op thread, in microseconds of
+                its CPU (the cap's waste sigma, see the module docstring)
     """
     handoff_k: tuple[float, float, float] = (1.0, 1.5, 2.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
@@ -67,6 +82,7 @@ class Calibration:
     churn_m: tuple[float, float, float] = (3.0, 2.3, 1.0)
     scale_a: tuple[float, float, float] = (0.0, 0.25, 2.0)
     compile_e: tuple[float, float, float] = (0.80, 0.60, 0.45)
+    switch_us: tuple[float, float, float] = (60.0, 30.0, 0.0)
 
 
 CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
@@ -77,6 +93,9 @@ PIN_THREAD = ("pin", "pt_data_pin")
 # torch's autograd device threads (one per GPU) wait on the GPU: not intra-op threads on a CPU.
 DEVICE_THREAD = ("pt_autograd",)
 SCENARIOS = ("lo", "mid", "hi")   # lo: the shortest step (highest speedup); hi: the longest
+SIGMA_MAX = 0.6               # at most this share of a team's CPU time is waste the cap removes
+CAP_SHARED_LOSS = 0.25        # a team of P threads on CPUs others share waits at its barriers (0.84-0.90x measured)
+SHARED_OTHERS = 0.10          # other processes took at least this many of the job's CPUs: they are shared
 
 
 def calibration() -> Calibration:
@@ -100,6 +119,14 @@ class Change:
     h2d_removed: bool = False             # the copy to the GPU off the loop's path
     runq_removed: bool = False            # no more runnable threads of the job than CPUs
     sample_cost: float = 1.0              # each sample's CPU cost scaled by this
+    # gil.contention's fix (no thread holding the GIL beside the loop): the loop's time after it as the
+    # GIL model gives it (shortest, middle, longest step; shares of today's step, data waits
+    # included), and the cores the holder and the loop's lost CPU time free.
+    gil_step: tuple[float, float, float] | None = None
+    gil_freed_cores: float = 0.0
+    # cpu.contended's fix (other processes off the job's CPUs): the training thread's run-queue wait
+    # r and the part of it its own threads cause, r_self; the job gets all P CPUs back.
+    others_removed: tuple[float, float] | None = None
 
     def merged(self, other: "Change") -> "Change":
         kw = {}
@@ -107,6 +134,8 @@ class Change:
             a, b = getattr(self, k), getattr(other, k)
             if k == "sample_cost":
                 kw[k] = min(a, b)
+            elif k == "gil_freed_cores":
+                kw[k] = max(a, b)
             elif isinstance(a, bool) or isinstance(b, bool):
                 kw[k] = bool(a or b)
             else:
@@ -166,6 +195,10 @@ class StepModel:
     pid: int | None = None
     ranks: int = 1
     p_source: str = ""
+    worker_cores: float = 0.0          # cores the DataLoader workers used
+    others: float | None = None        # cores other processes took on the job's CPUs (measured), else None
+    switch_rate: float = 0.0           # involuntary switches per second per held core of the busy team
+    openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
 
     @property
     def f(self) -> float:
@@ -178,6 +211,38 @@ class StepModel:
     def share_err(self, x: float) -> float:
         return SAMPLE_Z * math.sqrt(max(x * (1.0 - x), 0.0) / max(self.n_samples, 1.0))
 
+    def shared(self) -> bool:
+        """Other processes share the job's CPUs: measured, or (unmeasured) the job held under P - 0.1
+        CPUs while its threads waited for one."""
+        if self.others is not None:
+            return self.others >= SHARED_OTHERS
+        return self.r_loop >= CROWDED_RUNQ and self.u <= self.p_allowed - SHARED_OTHERS
+
+    def sigma(self, sc: str, cal: Calibration) -> float:
+        """Share of the job's CPU time the cap removes as waste: the team's involuntary switches per
+        held core times their cost."""
+        return min(SIGMA_MAX, self.switch_rate * cal.switch_us[SCENARIOS.index(sc)] * 1e-6)
+
+    def cap_factor(self, n: int, w: int, sc: str, cal: Calibration) -> float:
+        """The loop's time after capping the job's runnable threads, over today's (module docstring):
+        (1 - sigma) U / H', H' the CPUs it holds after the cap."""
+        if not self.p_allowed or self.u <= 0:
+            return 1.0 - min(self.r_loop, 0.95) if sc == "lo" else 1.0
+        workers = self.worker_cores * (min(w, self.w_now) / self.w_now if self.w_now and w else 0.0)
+        if sc == "lo":
+            # The CPUs the job did not hold may have been its own gaps, and others' load on a shared
+            # host moves from one window to the next: the interval's top has all P.
+            free = self.p_allowed
+        elif self.others is not None:
+            free = self.p_allowed - self.others
+        else:
+            free = min(self.p_allowed, max(self.u, 0.05))   # they went to others, who keep them
+        held = max(min(n + workers, free), 0.05)
+        f = (1.0 - self.sigma(sc, cal)) * self.u / held
+        if sc == "hi" and self.shared():
+            f *= 1.0 + CAP_SHARED_LOSS
+        return f
+
     # -- the step after a change -----------------------------------------------------------------
 
     def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:
@@ -186,6 +251,18 @@ class StepModel:
         c = max(self.c + err, 0.02)
         w = self.w_now if ch.workers is None else ch.workers
         loop = c
+        if ch.gil_step is not None:
+            # The GIL model's step, less the data share the terms below add back.
+            loop = min(loop, max(ch.gil_step[i] - self.f, 0.02))
+        if ch.others_removed is not None:
+            # Without the others the loop's run-queue wait falls from r to r_self (its own threads'):
+            # a loop that is runnable whenever it is not waiting on data takes (1 - r) / (1 - r_self);
+            # one that waits on data loses the difference.
+            r, r_self = (min(x, 0.95) for x in ch.others_removed)
+            if self.f >= 0.10:
+                loop = max(loop - max(0.0, r - r_self), 0.02)
+            else:
+                loop = max(loop * (1.0 - r) / (1.0 - r_self), 0.02)
         if ch.sync_removed:
             loop -= self.s_sync
         if ch.launch_captured:
@@ -194,10 +271,10 @@ class StepModel:
             loop -= self.x_h2d
         if ch.pin_memory and self.uses_cuda and not self.d_inloop:
             loop *= cal.a_pin[i]
-        if ch.runq_removed and self.r_loop > 0:
-            loop *= 1.0 - min(self.r_loop, 0.95)
         n_now = max(self.threads_busy, 1)
         n = ch.intra_threads or n_now
+        if ch.runq_removed:
+            loop *= self.cap_factor(n, w, sc, cal)
         if n < self.loop_cores:
             loop *= self.loop_cores / n
         if self.p and w > self.w_now:
@@ -226,14 +303,18 @@ class StepModel:
             terms["loop"] = loop
             eff = 1.0 / (1.0 + cal.scale_a[i] * max(0, w - max(self.w_now, 1)) / max(self.p, 1.0))
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
-        if self.p > 0:
+        if self.p > 0 and not ch.runq_removed:
+            # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
             if self.d_inloop and w > 0:
                 u = self.u - self.f_load + k * d
             else:
                 u = self.u - (1.0 - ch.sample_cost) * min(self.d, self.u)
+            u = max(u - ch.gil_freed_cores, 0.0)
+            # Other processes off its CPUs: the job counts on all it may use.
+            p = self.p_allowed if (ch.others_removed is not None and self.p_allowed) else self.p
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
             # time-sharing them) is held to today's ratio, not counted slower than it is.
-            terms["cpu"] = (u / self.p) / max(1.0, self.u / self.p)
+            terms["cpu"] = (u / p) / max(1.0, self.u / p)
         if self.gpu_busy is not None:
             terms["gpu"] = self.gpu_busy
         over = False
@@ -286,6 +367,9 @@ class StepModel:
              "U": round(self.u, 4), "P": round(self.p, 3), "P_allowed": self.p_allowed,
              "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
              "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
+             "worker_cores": round(self.worker_cores, 3),
+             "others": None if self.others is None else round(self.others, 3),
+             "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -337,6 +421,24 @@ def from_evidence(ev: Evidence, pid: int | None = None) -> StepModel | None:
         return cache[pid]
     m = _build(ev, pid)
     cache[pid] = m
+    return m
+
+
+def process_model(ev: Evidence) -> StepModel | None:
+    """The step model of the training process from the process probe alone (no py-spy: the loop's
+    data share unknown, taken as 0), for the thread cap; None without the process probe."""
+    m = from_evidence(ev)
+    if m is not None:
+        return m
+    cache = ev.__dict__.setdefault("_step_models", {})
+    if "process" in cache:
+        return cache["process"]
+    proc = ev.get("process") or {}
+    m = None
+    if proc.get("processes") and proc.get("pid") is not None:
+        m = StepModel(f_wait=0.0, f_load=0.0, pid=int(proc["pid"]), n_samples=1.0)
+        _cpu_terms(ev, m, {"pid": m.pid}, {}, 0.0)
+    cache["process"] = m
     return m
 
 
@@ -423,6 +525,38 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
     churn = proc.get("worker_churn", {}) or {}
     m.recreated = bool(churn.get("appeared") or churn.get("vanished"))
+    m.worker_cores = worker_cores
+    m.others = _others(ev, float(proc.get("total_cpu_cores") or m.u))
+    m.switch_rate = _switch_rate(me, win)
+    libs = " ".join(proc.get("libraries") or [])
+    m.openmp = "libiomp" if "libiomp" in libs else ("libgomp" if "libgomp" in libs else None)
+
+
+def _others(ev: Evidence, job_cores: float) -> float | None:
+    """Cores other processes took on the job's CPUs: the contention probe's, else the scheduler
+    probe's host busy cores less the job's; None when neither ran."""
+    con = ev.get("contention") or {}
+    if con.get("others_cpu_seconds_on_job_cpus") is not None and con.get("window_s"):
+        return float(con["others_cpu_seconds_on_job_cpus"]) / float(con["window_s"])
+    sched = ev.get("sched") or {}
+    if sched.get("host_busy_cores") is not None:
+        return max(0.0, float(sched["host_busy_cores"]) - job_cores)
+    return None
+
+
+def _switch_rate(me: dict[str, Any], win: float) -> float:
+    """Involuntary context switches per second per core held, over the training process's busy
+    threads (on a CPU or waiting for one at least BUSY of the window)."""
+    if not win:
+        return 0.0
+    n, cores = 0, 0.0
+    for t in me.get("threads") or []:
+        cpu = float(t.get("cpu_fraction") or 0.0)
+        r = float(t.get("run_delay_seconds") or 0.0) / win
+        if cpu + r >= BUSY and not (t.get("name") or "").startswith(DEVICE_THREAD):
+            n += int(t.get("involuntary_ctxsw") or 0)
+            cores += cpu
+    return n / win / max(cores, 0.05) if cores else 0.0
 
 
 def _churn_share(tt: dict[str, Any], f: float) -> float:

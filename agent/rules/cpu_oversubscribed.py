@@ -13,12 +13,21 @@ processes that crowd a job which fits its CPUs do not make this finding (no sett
 removes them); where the scheduler probe measured them they are reported beside it and shrink
 the thread numbers proposed.
 
-The expected speedup: with no more runnable threads than CPUs the run-queue wait goes away, so the
-loop gains 1 / (1 - r) where r is the larger of the training thread's and its intra-op team's mean
-run-queue share (a parallel region ends when its last thread does); when the loop waits on data
-(py-spy) and the workers are the delayed ones, 1 / (1 - min(r_workers, f)). This leaves out the
-CPU that spinning OpenMP threads burn while their peers wait, which an oversubscribed team also
-loses, so the real gain can be larger.
+The expected speedup comes from the step model (agent/combiners/step_model.py): the step after the
+cap with every other constraint in place. Threads that time-share a CPU doing useful work need the
+same CPU-seconds after the cap, so the run-queue wait itself is not the gain (16 intra-op threads
+on 2 CPUs, r = 0.79: 1/(1-r) said 4.67x, the cap measured 0.90x). The cap gains the share of the
+job's CPU time that was waste (spinning, refilling caches after each preemption: read from the
+busy team's involuntary switches per held core) and the CPUs the job will hold that it did not.
+The probes cannot tell a spinning thread from a working one, so the interval is wide and the
+confidence low. When the workers are the delayed ones and the loop waits on data (py-spy), the
+gain is 1 / (1 - min(r_workers, f)).
+
+With no more threads than CPUs, libgomp (torch's OpenMP) spins 300,000 times at every barrier
+instead of the 100 it spins when there are more threads than CPUs; on CPUs other processes share,
+the spinning thread burns the time its peer waits for (the ledger: 0.09-0.30x for a cap to 2
+threads under load, 0.6-2.2x with OMP_WAIT_POLICY=PASSIVE). So where others share the job's CPUs
+the cap carries OMP_WAIT_POLICY=PASSIVE: the team keeps waiting the way it waits today.
 
 The thread numbers in the fix: the CPUs the job may use, minus what other processes used over the
 window (scheduler probe: host busy cores minus the job's), minus one core per busy DataLoader
@@ -30,6 +39,8 @@ import math
 import shlex
 from typing import Any
 
+from trainprobe.agent.combiners import step_model
+from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -61,6 +72,10 @@ def _thread_rows(ev: Evidence) -> tuple[list[dict[str, Any]], str]:
                          "cpu": cpu, "r": min(r, 1.0), "sched": s,
                          "involuntary_ctxsw": t.get("involuntary_ctxsw")})
     return rows, source
+
+
+def src_of(source: str) -> str:
+    return "sched" if source == "sched" else "process"
 
 
 def _cmdline_prefix(cmdline: str | None) -> str:
@@ -134,46 +149,66 @@ def _facts(ld: dict[str, Any], source: str, p_cpus: float, others: float | None,
     return facts
 
 
-def _gain(ld: dict[str, Any], source: str, worker_hit: bool, f_data: float | None,
-          q: float) -> tuple[float, tuple[float, float], str]:
-    """(speedup, interval, bound): the run-queue wait of the loop, or of the workers the loop waits on."""
+def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, worker_hit: bool,
+          f_data: float | None) -> tuple[float, tuple[float, float], str, dict[str, Any]]:
+    """(speedup, interval, bound, details): the step after the fix (step model), or the run-queue
+    wait of the workers the loop waits on."""
     r_loop, r_workers = ld["r_loop"], ld["r_workers"]
     how = "eBPF run-queue delay" if source == "sched" else "schedstat run_delay (no eBPF: totals only)"
-    loop_gain = 1.0 / (1.0 - min(r_loop, 0.95))
     worker_gain = 1.0
     if worker_hit and f_data is not None:
         worker_gain = 1.0 / (1.0 - min(r_workers, f_data, 0.95))
-    speedup = max(loop_gain, worker_gain)
-    # Low end: only the job's own share of the run-queue waits goes (others' processes stay): the
-    # share q of the CPUs the job held over the window. Without the scheduler probe others' load is
-    # not measured, which the ledger shows can be most of the wait on a shared host.
-    r_hit = r_loop if loop_gain >= worker_gain else min(r_workers, f_data or 0.0)
-    interval = (1.0 / (1.0 - min(r_hit * q, 0.95)), 1.0 + (speedup - 1.0) * (1.5 if source == "sched" else 2.0))
-    if worker_gain > loop_gain:
+    m = step_model.process_model(ev)
+    n_after = nt["n_main"] if len(ld["team"]) > nt["n_main"] else None
+    fewer = (ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"]
+             and (f_data is None or f_data < 0.10))
+    ch = Change(intra_threads=n_after, workers=nt["n_workers_cap"] if fewer else None, runq_removed=True)
+    step = m.after(ch) if m is not None else None
+    if step is None or worker_gain > step.speedup:
+        lo_r = min(r_workers, f_data or 0.0)
         bound = (f"workers wait for a CPU {r_workers:.2f} of the window and the loop waits on data f={f_data:.2f}: "
                  f"1/(1-min(r_w,f))={worker_gain:.2f}x")
-    else:
-        bound = (f"the training thread / its team wait for a CPU r={r_loop:.2f} of the window ({how}); with no more "
-                 f"runnable threads than CPUs that wait goes: 1/(1-r)={loop_gain:.2f}x (leaves out CPU burnt by "
-                 "spinning OpenMP threads, so the real gain can be larger)")
-    return speedup, interval, bound
+        return worker_gain, (1.0 / (1.0 - min(lo_r * 0.5, 0.95)), 1.0 + (worker_gain - 1.0) * 2.0), bound, {}
+    what = f"with the training process capped at {n_after or len(ld['team'])} intra-op threads"
+    if fewer:
+        what += f" and {nt['n_workers_cap']} DataLoader workers"
+    sigma = m.sigma("mid", step_model.calibration())
+    held = ("measured" if m.others is not None else "not measured: the CPUs the job did not hold are taken as "
+            "theirs, the interval's top as its own")
+    bound = (f"the training thread / its team wait for a CPU r={r_loop:.2f} of the window ({how}), but threads that "
+             f"time-share a CPU doing useful work need the same CPU time after the cap: {what}, the step loses "
+             f"only the waste (about {sigma:.0%} of the job's CPU time, from {m.switch_rate:.0f} involuntary "
+             f"switches per second per held core; spinning and useful work look alike to the probes) and gains "
+             f"the CPUs the job will hold ({m.u:.2f} of {m.p_allowed:.3g} held today; others' share {held}): "
+             f"{step.speedup:.2f}x ({step.interval[0]:.2f}-{step.interval[1]:.2f}x); an estimate")
+    return step.speedup, step.interval, bound, m.details(step)
 
 
 def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, others: float | None,
-           f_data: float | None) -> list[Fix]:
+           f_data: float | None, sm: Any = None) -> list[Fix]:
     proc = ev.get("process") or {}
     main_proc = proc.get("main") or {}
     cmd = shlex.join(main_proc.get("argv") or _cmdline_prefix(main_proc.get("cmdline")).split())
     n_main, w_busy, team_now = nt["n_main"], nt["w_busy"], len(ld["team"])
     other_note = f", {nt['others_whole']} taken by other processes" if nt["others_whole"] else ""
     fixes = []
+    # A team of no more threads than CPUs makes OpenMP spin at its barriers (libgomp: 300,000 spins,
+    # 100 with more threads than CPUs); where others share the CPUs that spin burns the CPU its peers
+    # wait for: keep the passive waits the team has today.
+    passive = bool(sm is not None and sm.openmp and sm.shared() and n_main <= p_cpus)
     if team_now > n_main:
+        knobs: dict[str, Any] = {"intra_op_threads": n_main}
+        env = f"OMP_NUM_THREADS={n_main} MKL_NUM_THREADS={n_main}"
+        change = f"torch.set_num_threads({n_main})  # at start-up, before the first op"
+        if passive:
+            knobs["omp_wait_policy"] = "passive"
+            env += " OMP_WAIT_POLICY=PASSIVE"
+            change += ("; start it with OMP_WAIT_POLICY=PASSIVE: other processes share these CPUs, and a team of "
+                       "no more threads than CPUs would spin at each barrier on a CPU its peer waits for")
         fixes.append(Fix(f"Cap the training process at {n_main} intra-op thread{'s' if n_main != 1 else ''} "
                          f"({team_now} busy now; {p_cpus:g} CPUs{other_note}"
                          + (f", {w_busy} for busy workers" if w_busy else "") + ")",
-                         change=f"torch.set_num_threads({n_main})  # at start-up, before the first op",
-                         command=f"OMP_NUM_THREADS={n_main} MKL_NUM_THREADS={n_main} {cmd}",
-                         knobs={"intra_op_threads": n_main}))
+                         change=change, command=f"{env} {cmd}", knobs=knobs))
     if nt["worker_threads"] > 1:
         fixes.append(Fix(f"One thread per DataLoader worker ({nt['worker_threads']} busy in one worker now)",
                          change="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1))",
@@ -229,19 +264,27 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     nt = _thread_numbers(proc, rows, ld, p_cpus, others)
     facts = _facts(ld, source, p_cpus, others, f_data)
     q = min(1.0, job_cores / p_cpus) if p_cpus else 1.0
-    speedup, interval, bound = _gain(ld, source, worker_hit, f_data, q)
-    conf = "high" if (source == "sched" and ld["r_loop"] >= 0.10) else "medium"
-    if source != "sched" and q < 0.6 and others is None:
-        conf = "low"      # the job held under 60% of its CPUs: others' load, unmeasured, may cause the wait
+    speedup, interval, bound, model = _gain(ev, ld, nt, source, worker_hit, f_data)
+    # The probes cannot tell a thread spinning in its wait from one doing useful work: the loop's
+    # gain from a cap rests on an inference (switch rates), so it is low confidence.
+    conf = "medium" if not model else "low"
+    sm = step_model.process_model(ev)
+    if model:
+        facts.append(Fact(src_of(source), "involuntary context switches per second per core the busy threads held "
+                                          "(a thread preempted while it spins or computes)",
+                          round(sm.switch_rate)))
+    if q < 0.6 and others is None:
         facts.append(Fact("process", "share of its CPUs the job held over the window (the rest went to other "
-                                     "processes, not measured without --deep)", round(q, 3)))
+                                     "processes or idled; others not measured)", round(q, 3)))
     who = (f"the training thread waits for a CPU {pct(ld['r_train'])} of the time" if loop_hit else
            f"the DataLoader workers wait for a CPU {pct(ld['r_workers'])} of the time")
     return Finding("cpu.oversubscribed", f"{len(ld['busy'])} busy threads share {p_cpus:g} CPUs: {who}", speedup,
-                   bound, conf, facts, _fixes(ev, ld, nt, p_cpus, others, f_data), risk="low", interval=interval,
+                   bound, conf, facts, _fixes(ev, ld, nt, p_cpus, others, f_data, sm), risk="low",
+                   interval=interval,
                    details={"source": source, "cpus_available": p_cpus, "busy_threads": len(ld["busy"]),
                             "demand": round(ld["demand"], 3), "runq_share_training": round(ld["r_train"], 4),
                             "runq_share_team": round(ld["r_team"], 4), "runq_share_workers": round(ld["r_workers"], 4),
                             "other_cores": None if others is None else round(others, 3),
                             "proposed_intra_op_threads": nt["n_main"],
-                            "proposed_num_workers": nt["n_workers_cap"] if ld["worker_pids"] else None})
+                            "proposed_num_workers": nt["n_workers_cap"] if ld["worker_pids"] else None,
+                            "step_model": model or None})

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainprobe.agent.combiners import step_model
 from trainprobe.agent.combiners.gil_wait import free_threaded, gil_wait, ownership, suspects
+from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -94,7 +96,7 @@ def gil_contention(ev: Evidence) -> Finding | None:
         # The sampler sees the waits it happens to catch; the training thread's lost CPU time counts
         # every one of them (a holder that hands the GIL over in short bursts hides from the dumps).
         g = max(g, cpu_g["g"])
-        speedup, interval = _gain({**cpu_g, "g": g})
+        speedup, interval, _, _ = on_step_model(ev, {**cpu_g, "g": g}, tid)
         facts.append(Fact("process", "share of the window the training thread was in Python or torch code but "
                                      "neither on a CPU nor waiting for one", g))
     conf = "high" if (n >= 20 and corroborated) else ("medium" if n >= 10 else "low")
@@ -116,6 +118,46 @@ GIL_SHARE = 0.10              # the default-run estimate must reach this share t
 ALPHA = 0.46
 ALPHA_RANGE = (0.0, 0.8)
 OTHER_WAIT = 0.10             # off-code samples below this are GIL hand-over noise, not waits that stay
+
+
+def _holder_cores(ev: Evidence, tid: Any) -> float:
+    """Cores the GIL's holder used (process probe), freed with it."""
+    for p in (ev.get("process") or {}).get("processes") or []:
+        for t in p.get("threads") or []:
+            if t.get("tid") == tid:
+                return float(t.get("cpu_fraction") or 0.0)
+    return 0.0
+
+
+def change_of(ev: Evidence, m: dict, tid: Any) -> Change:
+    """gil.contention's fix in the step model's terms: the loop's step after it (the GIL model's
+    three ends) and the cores freed."""
+    c = max(float(m.get("c") or 0.0), 0.02)
+    shrink = c * (1.0 - (1.0 - min(max(float(m["g"]), 0.0), 0.97)) ** ALPHA)   # the loop's CPU time saved
+    return Change(gil_step=_steps(m), gil_freed_cores=_holder_cores(ev, tid) + shrink)
+
+
+def on_step_model(ev: Evidence, m: dict, tid: Any) -> tuple[float, tuple[float, float], str | None, dict | None]:
+    """(speedup, interval, binding words, details): the step after the fix with every other
+    constraint in place (the workers' pace, the GPU's busy time, the CPUs); the GIL model alone where
+    the step model has no training thread."""
+    mid, iv = _gain(m)
+    sm = step_model.from_evidence(ev)
+    if sm is None:
+        return mid, iv, None, None
+    ch = change_of(ev, m, tid)
+    step = sm.after(ch)
+    lo, hi = step.interval
+    sp = max(step.speedup, 1.0)
+    details = {**sm.details(step), "change": {"gil_step": [round(x, 4) for x in ch.gil_step or ()],
+                                              "gil_freed_cores": round(ch.gil_freed_cores, 4)}}
+    return sp, (min(lo, sp), max(hi, sp)), step_model.BINDING_WORDS.get(step.binding, step.binding), details
+
+
+def _steps(m: dict) -> tuple[float, float, float]:
+    """The step after the fix (shares of today's): shortest, middle, longest; see _gain."""
+    mid, (lo, hi) = _gain(m)
+    return 1.0 / hi, 1.0 / mid, 1.0 / max(lo, 1e-6)
 
 
 def _gain(m: dict) -> tuple[float, tuple[float, float]]:
@@ -152,7 +194,7 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
     t = m["suspects"][0]
     name, tid = t.get("name") or "?", t.get("tid")
     where = t.get("frame") or "its Python loop"
-    speedup, interval = _gain(m)
+    speedup, interval, binding, sm_details = on_step_model(ev, m, tid)
     facts = [
         Fact("pyspy", f"share of py-spy --gil samples in which thread '{name}' (tid {tid}) held the GIL "
                       f"(read from the interpreter; {t['samples']} of {own.get('samples')} samples at "
@@ -167,7 +209,8 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
     bound = (f"g=min(off-CPU in code, held by others)={m['g']:.2f} of the window the training thread waited while "
              f"'{name}' held the GIL ({t['share']:.0%} of py-spy --gil samples); with the GIL free the loop runs "
              f"its own CPU time c={m['c']:.2f}, which also shrinks by (1-g)^{ALPHA:g} (fitted to the ledger): "
-             f"{speedup:.2f}x (estimate; g +-{m['g_err']:.2f}, exponent {ALPHA_RANGE[0]:g}-{ALPHA_RANGE[1]:g})")
+             f"{speedup:.2f}x (estimate; g +-{m['g_err']:.2f}, exponent {ALPHA_RANGE[0]:g}-{ALPHA_RANGE[1]:g})"
+             + (f"; with every other constraint in place the step is then set by {binding}" if binding else ""))
     conf = "medium" if (m["samples"] >= 50 and m["gil_samples"] >= 40) else "low"
     title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time: thread '{name}' "
              f"(tid {tid}) held it {pct(t['share'])} of the window")
@@ -175,7 +218,8 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
                    details={"holder": {"name": name, "tid": tid, "gil_share": t["share"], "frame": t.get("frame")},
                             "gil_wait_share": m["g"], "source": "gil_ownership",
-                            "model": {k: m[k] for k in ("b", "c", "r", "h", "g", "g_err", "samples", "gil_samples")}})
+                            "model": {k: m[k] for k in ("b", "c", "r", "h", "g", "g_err", "samples", "gil_samples")},
+                            "step_model": sm_details})
 
 
 @rule("gil.contention", requires=("pyspy",), uses=("gil", "process"),

@@ -126,3 +126,22 @@ def test_heldout_fit_predicts_the_left_out_jobs():
     for r in res["rows"]:
         assert r["case"] not in r.get("fitted_on", [])
         assert r["interval"][0] <= r["measured"] <= r["interval"][1], r
+
+
+def test_repetitions_are_sized_from_the_measured_spread():
+    """The harness adds interleaved pairs until the ratio's 95% interval is within 5% of it: three
+    tight pairs are enough, three spread ones (a shared 2-CPU machine under load) are not."""
+    from scripts.ledger import pinned, ratio_interval
+    assert pinned([0.877, 0.903, 0.900])
+    assert not pinned([2.22, 1.91, 0.61])
+    g, lo, hi = ratio_interval([2.22, 1.91, 0.61])
+    assert lo < 1.0 < hi and lo < g < hi
+
+
+def test_the_heldout_reads_the_public_ledger_without_measured_rows():
+    from pathlib import Path
+
+    from scripts.ledger import measured_rows
+    public = sorted((LEDGER / "public").glob("*.json"))
+    rows = measured_rows([Path(p) for p in public])
+    assert all(r["measured"] > 0 for r in rows)      # 'not applicable generically' rows are left out

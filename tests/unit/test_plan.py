@@ -27,4 +27,17 @@ def test_fix_knobs_map_to_the_step_models_changes():
                                           "persistent_workers": True})
     assert (ch.workers, ch.intra_threads, ch.pin_memory, ch.persistent) == (3, 1, True, True)
     assert change_of("host.sync", {"item_every": 100}).sync_removed
-    assert change_of("gil.contention", {}) is None
+    assert change_of("gil.contention", {}) is None      # no step model in its details
+
+
+def test_gil_and_contention_fixes_join_the_plan_from_their_details():
+    from trainprobe.agent.findings import Finding
+    gil = Finding("gil.contention", "t", 2.0, "b", "medium", [], [], details={"step_model": {
+        "change": {"gil_step": [0.3, 0.5, 0.8], "gil_freed_cores": 0.9}}})
+    ch = change_of("gil.contention", {}, gil)
+    assert ch.gil_step == (0.3, 0.5, 0.8) and ch.gil_freed_cores == 0.9
+    con = Finding("cpu.contended", "t", 1.5, "b", "medium", [], [], details={"step_model": {
+        "change": {"others_removed": [0.4, 0.1]}}})
+    assert change_of("cpu.contended", {}, con).others_removed == (0.4, 0.1)
+    bare = Finding("cpu.contended", "t", 1.5, "b", "medium", [], [])
+    assert change_of("cpu.contended", {}, bare) is None
