@@ -108,7 +108,7 @@ def _gain(ld: dict[str, Any], r_self: float, f: float | None, busy: float | None
     if busy is not None and busy > 0:
         caps.append((busy, f"the GPU's busy share {busy:.2f}"))
     if budget > 0 and u_cores > 0:
-        caps.append((u_cores / budget, f"the job's CPU work U/P = {u_cores:.2f}/{budget:g}"))
+        caps.append((u_cores / budget, f"the job's CPU work U/P = {u_cores:.2f}/{budget:.3g}"))
     for floor, what in caps:
         if floor > t_new:
             t_new, limit = floor, what
@@ -279,7 +279,7 @@ def cpu_contended(ev: Evidence) -> Finding | None:
     facts += [
         Fact("contention", f"CPU-seconds others ran on the job's CPUs over {win:.1f} s ({others_how})", round(others, 2)),
         Fact("contention", "share of the job's CPUs others took", round(o_share, 3)),
-        Fact("contention", f"the job's own runnable threads (mean) against its {budget:g} CPUs "
+        Fact("contention", f"the job's own runnable threads (mean) against its {budget:.3g} CPUs "
                            "(above them it would be cpu.oversubscribed too)", round(demand, 2)),
     ]
     for c in named:

@@ -206,7 +206,7 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
             change += ("; start it with OMP_WAIT_POLICY=PASSIVE: other processes share these CPUs, and a team of "
                        "no more threads than CPUs would spin at each barrier on a CPU its peer waits for")
         fixes.append(Fix(f"Cap the training process at {n_main} intra-op thread{'s' if n_main != 1 else ''} "
-                         f"({team_now} busy now; {p_cpus:g} CPUs{other_note}"
+                         f"({team_now} busy now; {p_cpus:.3g} CPUs{other_note}"
                          + (f", {w_busy} for busy workers" if w_busy else "") + ")",
                          change=change, command=f"{env} {cmd}", knobs=knobs))
     if nt["worker_threads"] > 1:
@@ -220,14 +220,14 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
                          "free CPUs", change=f"DataLoader(..., num_workers={nt['n_workers_cap']})",
                          knobs={"num_workers": nt["n_workers_cap"]}))
     if others is not None and others >= 0.5:
-        fixes.append(Fix(f"Other processes used {others:.1f} of the {p_cpus:g} CPUs during the window: keep them "
+        fixes.append(Fix(f"Other processes used {others:.1f} of the {p_cpus:.3g} CPUs during the window: keep them "
                          "off the job's CPUs",
                          change="move the other busy processes to other CPUs or hosts, or give the job a cpuset of "
                                 f"its own (taskset -a -cp CPUS {int(proc['pid'])}, or a cgroup cpuset) sized to its "
                                 f"{max(1, math.ceil(ld['demand'] - 0.05))} runnable threads",
                          knobs={"other_processes_on_job_cpus": False}))
     if not fixes:
-        fixes.append(Fix(f"Keep runnable threads within the {p_cpus:g} CPUs",
+        fixes.append(Fix(f"Keep runnable threads within the {p_cpus:.3g} CPUs",
                          change=f"torch.set_num_threads({n_main})",
                          command=f"OMP_NUM_THREADS={n_main} {cmd}", knobs={"intra_op_threads": n_main}))
     return fixes
@@ -278,7 +278,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
                                      "processes or idled; others not measured)", round(q, 3)))
     who = (f"the training thread waits for a CPU {pct(ld['r_train'])} of the time" if loop_hit else
            f"the DataLoader workers wait for a CPU {pct(ld['r_workers'])} of the time")
-    return Finding("cpu.oversubscribed", f"{len(ld['busy'])} busy threads share {p_cpus:g} CPUs: {who}", speedup,
+    return Finding("cpu.oversubscribed", f"{len(ld['busy'])} busy threads share {p_cpus:.3g} CPUs: {who}", speedup,
                    bound, conf, facts, _fixes(ev, ld, nt, p_cpus, others, f_data, sm), risk="low",
                    interval=interval,
                    details={"source": source, "cpus_available": p_cpus, "busy_threads": len(ld["busy"]),
