@@ -42,8 +42,9 @@ def test_svg_of_a_live_job_shows_its_python_frames(workload, tmp_path):
     labels = [f[0] for f in frames]
     total = int(root.get("data-total"))
     assert frames[-1][0] == "all" or "all" in labels
-    assert any(lab.startswith("SyntheticDataset.__getitem__ (train_cpu.py:") for lab in labels)
-    assert any(lab.startswith("_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:") for lab in labels)
+    # one box per function by default (--group function): no line numbers
+    assert "SyntheticDataset.__getitem__ (train_cpu.py)" in labels
+    assert "_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py)" in labels
     # wall-clock microseconds of the process's threads over a ~2 s window (at least the main thread)
     assert 1.0e6 < total < 2.5e6 * 8
     assert "non-blocking --idle" in root.find(f".//{SVG}text[@class='tp-sub']").text
@@ -54,7 +55,8 @@ def test_svg_of_a_live_job_shows_its_python_frames(workload, tmp_path):
 @pytest.mark.live
 def test_folded_and_speedscope_with_workers_then_a_live_diff(workload, tmp_path):
     w = workload("--seconds", "60", "--num-workers", "1", "--sample-work", "6000", warmup_lines=2)
-    r = run_cli("flamegraph", "--pid", str(w.pid), "--duration", "2", "--format", "folded", "--subprocesses", "--threads")
+    r = run_cli("flamegraph", "--pid", str(w.pid), "--duration", "2", "--format", "folded", "--subprocesses", "--threads",
+                "--group", "line")
     assert r.rc == 0, r.err
     prof = folded.parse(r.out)
     roots = {k.split(";")[0] for k in prof}
@@ -90,7 +92,7 @@ def test_offline_diff_of_before_and_after_a_fix(tmp_path):
     (tmp_path / "after.folded").write_text(folded.dumps(after))
     out = tmp_path / "d.svg"
     r = run_cli("flamegraph", "--input", str(tmp_path / "after.folded"), "--diff", str(tmp_path / "before.folded"),
-                "-o", str(out))
+                "-o", str(out), "--group", "line")
     assert r.rc == 0, r.err
     _root, frames = svg_frames(out)
     deltas = {lab: float(d) for lab, _n, d in frames}
@@ -102,19 +104,21 @@ def test_offline_diff_of_before_and_after_a_fix(tmp_path):
                 "--format", "folded")
     assert r.rc == 0, r.err
     b2, a2 = folded.parse_diff(r.out)
-    assert b2 == before and a2 == after
+    assert b2 == folded.group(before) and a2 == folded.group(after)       # both grouped by function
 
 
 def test_input_reads_bundles_speedscope_and_chrometraces(tmp_path):
     cap, ctx = h200_capture_and_context("fixed")
     want = profiles.process_profile(profiles.stacks_of(cap), subprocesses=True)
     bundle.save(str(tmp_path / "b.tar.gz"), [cap], ctx, None)
-    r = run_cli("flamegraph", "--input", str(tmp_path / "b.tar.gz"), "--subprocesses", "--format", "folded")
+    r = run_cli("flamegraph", "--input", str(tmp_path / "b.tar.gz"), "--subprocesses", "--format", "folded",
+                "--group", "line")
     assert r.rc == 0, r.err
     assert folded.parse(r.out) == want
-    r = run_cli("flamegraph", "--input", str(tmp_path / "b.tar.gz"), "--subprocesses", "-o", str(tmp_path / "s.json"))
+    r = run_cli("flamegraph", "--input", str(tmp_path / "b.tar.gz"), "--subprocesses", "-o", str(tmp_path / "s.json"),
+                "--group", "line")
     assert r.rc == 0, r.err
-    r = run_cli("flamegraph", "--input", str(tmp_path / "s.json"), "--format", "folded")
+    r = run_cli("flamegraph", "--input", str(tmp_path / "s.json"), "--format", "folded", "--group", "line")
     assert r.rc == 0, r.err
     back = folded.parse(r.out)
     # speedscope keeps one profile per process; read back they merge without the process roots
@@ -126,7 +130,7 @@ def test_input_reads_bundles_speedscope_and_chrometraces(tmp_path):
     (tmp_path / "trace.json").write_text(cap.artifacts["chrometrace.json"])
     r = run_cli("flamegraph", "--input", str(tmp_path / "trace.json"), "--format", "folded")
     assert r.rc == 0, r.err
-    assert folded.parse(r.out) == profiles.process_profile(profiles.stacks_of(cap))
+    assert folded.parse(r.out) == folded.group(profiles.process_profile(profiles.stacks_of(cap)), "function")
 
 
 def test_bad_input_gets_one_line_and_exit_2(tmp_path):
