@@ -8,6 +8,7 @@ import threading
 import click
 
 from trainprobe.agent.cli import App
+from trainprobe.agent.commands import Seconds
 from trainprobe.agent.target import EXIT_BAD_INPUT
 
 
@@ -16,15 +17,15 @@ from trainprobe.agent.target import EXIT_BAD_INPUT
               help="HOST:PORT of the metrics endpoint (localhost by default; '' or 'none' for no endpoint).")
 @click.option("--textfile", metavar="PATH", default=None,
               help="Also write the metrics to PATH for node_exporter's textfile collector (atomically, each sample).")
-@click.option("--interval", type=click.FloatRange(0.2, 3600), default=5.0, show_default=True,
+@click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True,
               help="Seconds between samples.")
 @click.option("--trigger", default="gpu-busy<0.5", show_default=True,
               help="When to diagnose: gpu-busy<X (NVML), loop-wait>X or loop-cpu<X (the training thread, /proc).")
-@click.option("--for", "hold_s", type=click.FloatRange(0, None), default=300.0, show_default=True,
+@click.option("--for", "hold_s", type=Seconds(0, None), default=300.0, show_default=True,
               help="Seconds the trigger must hold before a diagnosis runs.")
-@click.option("--diagnose-seconds", type=click.FloatRange(0.5, 600), default=10.0, show_default=True,
+@click.option("--diagnose-seconds", type=Seconds(0.5, 600), default=10.0, show_default=True,
               help="Window of a triggered diagnosis.")
-@click.option("--cooldown", type=click.FloatRange(0, None), default=1800.0, show_default=True,
+@click.option("--cooldown", type=Seconds(0, None), default=1800.0, show_default=True,
               help="Seconds before the same job may be diagnosed again.")
 @click.option("--bundle-dir", default="/var/lib/trainprobe/bundles", show_default=True,
               help="Where triggered diagnoses keep their bundles.")
@@ -33,7 +34,7 @@ from trainprobe.agent.target import EXIT_BAD_INPUT
               help="Disk the bundles may use in all; the oldest go first.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Follow only these root PIDs (default: every training process).")
 @click.option("--no-diagnose", is_flag=True, help="Export metrics only; never run a diagnosis.")
-@click.option("--duration", type=click.FloatRange(0, None), default=0.0, help="Stop after this long (0: run until stopped).")
+@click.option("--duration", type=Seconds(0, None), default=0.0, help="Stop after this long (0: run until stopped).")
 @click.pass_obj
 def command(app: App, listen: str, textfile: str | None, interval: float, trigger: str, hold_s: float,
             diagnose_seconds: float, cooldown: float, bundle_dir: str, keep: int, max_disk_mb: float,
