@@ -13,6 +13,7 @@ FINDING_IDS = (
     "gil.contention", "io.small_reads", "numa.remote", "pcie.degraded", "cpu.memory_bound",
     "compute.bound",
     "cpu.contended",
+    "rank.straggler",
 )
 
 

@@ -33,7 +33,8 @@ from trainprobe.probes.base import Availability, Capture, JobShape, Probe, Probe
 from trainprobe.probes.schema import GpuEvidence
 from trainprobe.probes.errors import Unavailable, parser
 from trainprobe.probes.parsers.hw import canonical_bdf, clock_event_keys, cpulist_from_nvml_words, link_gbps, nvml_affinity_words
-from trainprobe.probes.support.nvml import NA, Nvml, is_na, read_device_identity, read_pcie_link
+from trainprobe.probes.support.nvml import (NA, Nvml, is_na, read_device_identity, read_error_counters,
+                                            read_max_sm_clock, read_pcie_link, read_sm_clock)
 
 FORMAT = "trainprobe.nvml/1"
 POLL_S = 1.0                   # power, temperature, PCIe throughput, memory used, clock reasons
@@ -54,7 +55,8 @@ TEMPERATURE_GPU = 0
 
 # Keys of one GPU's record in nvml.json (the older single-GPU layout has them at the top level).
 PER_GPU_KEYS = ("device", "gpu_util", "mem_util", "proc_util", "polls", "pcie_tx_kbs", "pcie_rx_kbs",
-                "mem_used", "power_mw", "temp_c", "clocks_event_reasons", "processes", "errors")
+                "mem_used", "power_mw", "temp_c", "clocks_event_reasons", "sm_clock_mhz", "processes", "errors",
+                "counters_start", "counters_end")
 
 CUDA_LIBS = ("libcuda.so", "libcudart", "libnvidia-ml")
 
@@ -153,7 +155,8 @@ class _Capturer:
             h = nv.call("nvmlDeviceGetHandleByIndex", i)
             g: dict[str, Any] = {"index": i, "errors": {}, "gpu_util": [], "mem_util": [], "proc_util": [],
                                  "polls": [], "pcie_tx_kbs": [], "pcie_rx_kbs": [], "mem_used": [],
-                                 "power_mw": [], "temp_c": [], "clocks_event_reasons": [], "processes": []}
+                                 "power_mw": [], "temp_c": [], "clocks_event_reasons": [], "sm_clock_mhz": [],
+                                 "processes": []}
             if is_na(h):
                 g["errors"]["handle"] = h.reason
                 g["device"] = {}
@@ -162,6 +165,7 @@ class _Capturer:
                 continue
             self.handles.append(h)
             g["device"] = self._device(g, h, system)
+            g["counters_start"] = self._counters(g, h)
             self.gpus.append(g)
         maps_cuda = self._target_maps_cuda()
         started = _us()
@@ -192,6 +196,9 @@ class _Capturer:
             for g, h in zip(self.gpus, self.handles):
                 if h is not None:
                     self._samples(g, h)
+        for g, h in zip(self.gpus, self.handles):
+            if h is not None:
+                g["counters_end"] = self._counters(g, h)
         return {
             "format": FORMAT, "pid": self.spec.pid, "watched_pids": sorted(self.watched),
             "target_maps_cuda": maps_cuda, "started_unix_us": started, "ended_unix_us": _us(),
@@ -222,9 +229,14 @@ class _Capturer:
             "numa_node": numa, "numa_source": numa_source,
             "mem_total": getattr(mem, "total", None) if mem is not None else None,
             "power_limit_mw": v("power_limit", "nvmlDeviceGetEnforcedPowerLimit"),
+            "max_sm_clock_mhz": read_max_sm_clock(call, self.nv.const, h),
             "persistence": v("persistence", "nvmlDeviceGetPersistenceMode"),
             "driver": system.get("driver"),
         }
+
+    def _counters(self, g: dict[str, Any], h: Any) -> dict[str, Any]:
+        """PCIe replays and volatile ECC errors so far (read at both ends of the window)."""
+        return read_error_counters(lambda what, name, *a: self._val(g, what, name, *a), self.nv.const, h)
 
     def _sysfs_numa(self, busid: str) -> int | None:
         bdf = canonical_bdf(busid)
@@ -310,6 +322,7 @@ class _Capturer:
             self._err(g, "clocks_event_reasons", reasons)
             reasons = None
         g["clocks_event_reasons"].append(reasons)
+        g["sm_clock_mhz"].append(read_sm_clock(lambda what, name, *a: self._val(g, what, name, *a), self.nv.const, h))
 
     def _process_lists(self, g: dict[str, Any], h: Any) -> None:
         ts = _us()
@@ -520,7 +533,12 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     for m in reasons:
         for name in decode_clock_reasons(m):
             seen[name] = seen.get(name, 0) + 1
+    clocks = [c for c in at_polls("sm_clock_mhz") if isinstance(c, (int, float)) and not isinstance(c, bool)]
     st.update({
+        "sm_clock_mhz_mean": round(statistics.fmean(clocks), 1) if clocks else None,
+        "sm_clock_mhz_min": min(clocks) if clocks else None,
+        "max_sm_clock_mhz": dev.get("max_sm_clock_mhz") if isinstance(dev.get("max_sm_clock_mhz"), int) else None,
+        **_counter_deltas(g),
         "memory_used_mb": round(max(used) / 2**20, 1) if used else None,
         "power_w_mean": round(statistics.fmean(power) / 1e3, 1) if power else None,
         "power_limit_w": round(dev["power_limit_mw"] / 1e3, 1) if dev.get("power_limit_mw") else None,
@@ -530,6 +548,19 @@ def _gpu_stats(g: dict[str, Any], start: float, end: float) -> dict[str, Any]:
         "polls": len(in_poll),
     })
     return st
+
+
+def _counter_deltas(g: dict[str, Any]) -> dict[str, Any]:
+    """PCIe replays and ECC errors counted over the window (end - start), and the uncorrected total."""
+    a, b = g.get("counters_start") or {}, g.get("counters_end") or {}
+
+    def delta(k: str) -> int | None:
+        x, y = a.get(k), b.get(k)
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (x, y))
+        return max(0, y - x) if ok else None
+    total = b.get("ecc_uncorrected") if isinstance(b.get("ecc_uncorrected"), int) else None
+    return {"pcie_replays": delta("pcie_replays"), "ecc_corrected": delta("ecc_corrected"),
+            "ecc_uncorrected": delta("ecc_uncorrected"), "ecc_uncorrected_total": total}
 
 
 @parser("NVML values analyse")

@@ -284,6 +284,13 @@ class _GpuStatsSeen(TypedDict):
     power_limit_w: Optional[float]
     temperature_c_max: Optional[float]
     clocks_event_reasons: Dict[str, float]  # reason -> share of the readings that showed it
+    sm_clock_mhz_mean: Optional[float]      # nvmlDeviceGetClockInfo(SM) over the polls, MHz
+    sm_clock_mhz_min: Optional[int]
+    max_sm_clock_mhz: Optional[int]         # nvmlDeviceGetMaxClockInfo(SM), MHz
+    pcie_replays: Optional[int]             # nvmlDeviceGetPcieReplayCounter, over the window
+    ecc_corrected: Optional[int]            # volatile ECC errors over the window
+    ecc_uncorrected: Optional[int]
+    ecc_uncorrected_total: Optional[int]    # since the driver loaded
     polls: int
 
 

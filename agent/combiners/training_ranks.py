@@ -57,3 +57,124 @@ def collective_wait_share(ev: Evidence, rank: dict[str, Any]) -> float | None:
         return None
     bd = rank["training_thread"]["breakdown"]
     return max(0.0, 1.0 - th["cpu_fraction"] - bd.get("data_wait", 0.0))
+
+
+# -- per-rank facts for the straggler model (agent/combiners/stragglers.py) -------------------------
+
+def thread_of(ev: Evidence, pid: int) -> dict[str, Any] | None:
+    """The process probe's row of a process's main thread (its training thread)."""
+    proc = ev.get("process") or {}
+    me = next((x for x in proc.get("processes", []) if x["pid"] == pid), None)
+    if me is None:
+        return None
+    return next((t for t in me.get("threads", []) if t["tid"] == pid), None)
+
+
+def _process_row(ev: Evidence, pid: int) -> dict[str, Any] | None:
+    proc = ev.get("process") or {}
+    return next((x for x in proc.get("processes", []) if x["pid"] == pid), None)
+
+
+def _function(label: str) -> str:
+    """A py-spy frame label 'name (file.py:12)' -> 'name (file.py)': one function, whatever line."""
+    head, sep, tail = label.rpartition(" (")
+    if not sep or not tail.endswith(")"):
+        return label
+    return f"{head} ({tail[:-1].rsplit(':', 1)[0]})"
+
+
+# Categories whose time the straggler model counts apart (data, syncs, copies): not "its own code".
+_NOT_OWN_CODE = ("data_wait", "data_load", "h2d_copy", "host_sync")
+
+
+def hot_functions(tt: dict[str, Any], limit: int = 40) -> dict[str, float]:
+    """Inclusive share of the training thread's samples in each function of its own code (forward,
+    backward, optimizer, other: not data, syncs or copies), from its top stacks (the flame graph's
+    widths, at function granularity): what a flame-graph diff between ranks compares."""
+    shares: dict[str, float] = {}
+    for cat, stacks in (tt.get("top_stacks") or {}).items():
+        if cat in _NOT_OWN_CODE:
+            continue
+        for st in stacks:
+            for fn in {_function(f) for f in st.get("stack") or []}:
+                shares[fn] = shares.get(fn, 0.0) + float(st.get("fraction") or 0.0)
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:limit]
+    return {k: round(min(v, 1.0), 4) for k, v in top}
+
+
+def _gpu_facts(ev: Evidence, pid: int) -> dict[str, Any] | None:
+    got = gpu_busy_of(ev, pid)
+    if got is None:
+        return None
+    idx = got[0]
+    st = ((ev.get("gpu") or {}).get("per_gpu") or {}).get(idx) or {}
+    return {"index": idx, "busy": round(got[1], 4), "sm_clock_mhz": st.get("sm_clock_mhz_mean"),
+            "max_sm_clock_mhz": st.get("max_sm_clock_mhz"), "reasons": dict(st.get("clocks_event_reasons") or {}),
+            "pcie_replays": st.get("pcie_replays"), "ecc_uncorrected": st.get("ecc_uncorrected"),
+            "temperature_c_max": st.get("temperature_c_max"), "power_w_mean": st.get("power_w_mean"),
+            "power_limit_w": st.get("power_limit_w")}
+
+
+def rank_facts(ev: Evidence, pid: int, view: dict[str, Any] | None, window_s: float) -> dict[str, Any]:
+    """What the straggler model reads about one rank, from its node's Evidence (pure).
+
+    Shares are of the window: cpu (on a CPU), run_delay (runnable, waiting for one), data (waiting for
+    or loading batches), host_sync, collective (off-CPU outside data waits: in lockstep, waiting for a
+    slower rank), samples (py-spy samples of its training thread: the sampling error's n)."""
+    from trainprobe.probes.parsers import procfs   # noqa: PLC0415 - one CPU-list parser, shared
+    tt = (view or {}).get("training_thread") or {}
+    bd = tt.get("breakdown")
+    th = thread_of(ev, pid)
+    cpu = th.get("cpu_fraction") if th else None
+    if cpu is None and tt.get("cpu_fraction") is not None:
+        cpu = tt["cpu_fraction"]
+    rd = None
+    if th and th.get("run_delay_seconds") is not None and window_s > 0:
+        rd = min(1.0, th["run_delay_seconds"] / window_s)
+    elif tt.get("run_delay_fraction") is not None:
+        rd = tt["run_delay_fraction"]
+    coll = None
+    if cpu is not None:
+        coll = round(max(0.0, 1.0 - cpu - (rd or 0.0) - (bd or {}).get("data_wait", 0.0)), 4)
+    rate = float((ev.get("pyspy") or {}).get("rate_hz") or 0.0)
+    row = _process_row(ev, pid) or {}
+    cpus = procfs.parse_cpulist(row.get("cpus_allowed")) if row.get("cpus_allowed") else []
+    return {
+        "pid": pid,
+        "data_share": round(data_share(tt), 4) if bd is not None else None,
+        "host_sync_share": round(bd.get("host_sync", 0.0), 4) if bd is not None else None,
+        "collective_share": coll,
+        "cpu_share": None if cpu is None else round(cpu, 4),
+        "run_delay_share": None if rd is None else round(rd, 4),
+        "samples": int(round(float(tt.get("seconds") or 0.0) * rate)) if rate else None,
+        "cpus_allowed": row.get("cpus_allowed"),
+        "cpus_allowed_count": len(cpus) or None,
+        "mems_allowed": row.get("mems_allowed"),
+        "hot_functions": hot_functions(tt) if tt else {},
+        "gpu": _gpu_facts(ev, pid),
+    }
+
+
+def node_cpu_facts(ev: Evidence, window_s: float) -> dict[str, Any]:
+    """Facts of a rank's node that are not per thread: its cgroup's CPU quota throttling (throttle
+    probe) and the processes outside the job that took its CPUs (contention probe)."""
+    out: dict[str, Any] = {}
+    thr = ev.get("throttle")
+    if thr:
+        out["throttle"] = {"share": thr.get("throttled_share_of_window"), "quota_cpus": thr.get("quota_cpus"),
+                           "cgroup": thr.get("cgroup_dir"), "cgroup_version": thr.get("cgroup_version"),
+                           "throttled_period_share": thr.get("throttled_period_share")}
+    con = ev.get("contention")
+    if con:
+        comp = [c for c in con.get("competitors") or [] if not c.get("sibling_of_target")]
+        out["contention"] = {
+            "job_cpus": con.get("job_cpus"),
+            "competitors": [{"pid": c["pid"], "command": c.get("cmdline") or c.get("comm"), "user": c.get("user"),
+                             "share_of_job_cpus": c.get("share_of_job_cpus"), "cpus_allowed": c.get("cpus_allowed")}
+                            for c in comp[:3]],
+            # CPU -> share of the window other processes ran on it (run + irq - the job's threads)
+            "others_by_cpu": {int(c): round(float(w.get("others_s") or 0.0) / max(window_s, 1e-6), 4)
+                              for c, w in (con.get("per_cpu") or {}).items()},
+            "competitors_share": round(float(con.get("competitors_cpu_seconds_on_job_cpus") or 0.0)
+                                       / max(window_s * max(int(con.get("job_cpu_count") or 1), 1), 1e-6), 4)}
+    return out

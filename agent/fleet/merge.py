@@ -1,13 +1,12 @@
 """One job report from the node reports of `diagnose --slurm-job` (pure: node payloads in, a dict out).
 
-The job model. Ranks step in lockstep (every step ends in a collective), so the job's step time T
-is the slowest rank's. A straggler is a rank whose own step is stalled (waiting for or loading data,
-host syncs) while the others wait for it in collectives. When the stragglers are fixed:
-  - a straggler's step becomes T / S, S the expected speedup of its top finding;
-  - a non-straggler rank's step cannot fall below its own work, T * (1 - c), c its collective
-    wait share: that wait is the straggler's cost to it, and all it can gain.
-So the job's step after the fixes is max(T / S_i over stragglers, T * (1 - c_j) over the others),
-and the job's expected speedup is the inverse of that share of T.
+The job model (agent/combiners/stragglers.py, docs/models.md). Ranks step in lockstep (every step
+ends in a collective), so every rank waits there for the slowest: the straggler is the rank that
+waits least, its excess is the others' wait minus its own, and made as fast as the others the
+job's step shrinks by that excess: a speedup of 1 / (1 - excess). It is named whenever the
+asymmetry is outside py-spy's sampling error, whatever its cause; then its cause is read from the
+probes of its own node (data, syncs, CPU quota, other processes on its CPUs, fewer CPUs, its own
+host code, its GPU's clocks), each with its fix and the job speedup if it alone were removed.
 """
 from __future__ import annotations
 
@@ -15,15 +14,10 @@ import time
 from typing import Any
 
 from trainprobe.agent import __version__
+from trainprobe.agent.combiners import stragglers as straggler_model
 
 SCHEMA = "trainprobe.job-report/1"
-STRAGGLER_OWN_STALL = 0.10      # a straggler's own stall (data + host sync) share, at least
-STRAGGLER_LEAD = 0.5            # and at least this share of the worst rank's stall
-WAITS_FOR_SHARE = 0.2          # a non-straggler waiting this much in collectives waits for the stragglers
-
-
-def _own_stall(row: dict[str, Any]) -> float:
-    return (row.get("data_share") or 0.0) + (row.get("host_sync_share") or 0.0)
+ROW_HOT_FUNCTIONS = 5            # hottest functions kept per rank in the job report (the model reads more)
 
 
 def node_entry(payload: dict[str, Any]) -> dict[str, Any]:
@@ -52,40 +46,19 @@ def node_entry(payload: dict[str, Any]) -> dict[str, Any]:
             "fixes": fixes, "numactl": numactl, "probes_not_ok": skipped}
 
 
-def find_stragglers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    known = [r for r in rows if r.get("data_share") is not None]
-    if len(known) < 1:
-        return []
-    worst = max(_own_stall(r) for r in known)
-    if worst < STRAGGLER_OWN_STALL:
-        return []
-    # A straggler is named by its stall alone: how much its fix is worth on this host is the job
-    # speedup's business (a rank short of CPUs still holds the others back).
-    out = [r for r in known if _own_stall(r) >= max(STRAGGLER_OWN_STALL, STRAGGLER_LEAD * worst)]
-    return sorted(out, key=lambda r: -_own_stall(r))
+def _finding_for(row: dict[str, Any], cause: str) -> str | None:
+    """The node finding that speaks of a straggler's cause, where its node has one."""
+    want = {"data": "dataloader.starved", "host_sync": "host.sync", "cpu_contended": "cpu.contended",
+            "numa": "numa.remote"}.get(cause)
+    ids = [f.get("id") for f in row.get("findings") or []]
+    return want if want in ids else (row.get("top_finding") if cause == "unexplained" else None)
 
 
-def job_speedup(rows: list[dict[str, Any]], stragglers: list[dict[str, Any]]) -> tuple[float | None, str]:
-    if not stragglers:
-        return None, "no straggler: no rank's own stall stands out, so the lockstep model predicts nothing"
-    key = {(r["node"], r["pid"]) for r in stragglers}
-    parts, bound = [], []
-    for s in stragglers:
-        share = 1.0 / max(float(s["expected_speedup"]), 1.0)
-        parts.append(share)
-        bound.append(f"straggler {s['node']} rank {s.get('rank')}: step / {s['expected_speedup']:g} ({s['top_finding']})")
-    others = [r for r in rows if (r["node"], r["pid"]) not in key]
-    for r in others:
-        c = r.get("collective_share")
-        if c is None:
-            bound.append(f"{r['node']} rank {r.get('rank')}: collective wait unknown, not bounded by it")
-            continue
-        parts.append(1.0 - c)
-        bound.append(f"{r['node']} rank {r.get('rank')}: waits {c:.2f} of its step in collectives, so its own "
-                     f"work is {1 - c:.2f} of the step")
-    new_share = max(parts)
-    return round(1.0 / max(new_share, 1e-3), 2), ("job step after the fixes = max(" + "; ".join(bound)
-                                                  + f") = {new_share:.2f} of today's step (ranks step in lockstep)")
+def _public_row(r: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in r.items() if k not in ("node_facts", "findings")}
+    hot = r.get("hot_functions") or {}
+    out["hot_functions"] = dict(list(hot.items())[:ROW_HOT_FUNCTIONS])
+    return out
 
 
 def merge(job_id: str, payloads: list[dict[str, Any]], window_s: float | None = None,
@@ -107,14 +80,18 @@ def merge(job_id: str, payloads: list[dict[str, Any]], window_s: float | None = 
         if p.get("slurmd_note"):
             out_notes.append(p["slurmd_note"])
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["node"], r["pid"]))
-    stragglers = find_stragglers(rows)
-    speedup, bound = job_speedup(rows, stragglers)
-    key = {(x["node"], x["pid"]) for x in stragglers}
-    for r in rows:
-        # A rank's own node sees no cause for its wait (its rules may even call it compute bound):
-        # the job view names whom it waits for.
-        if stragglers and (r["node"], r["pid"]) not in key and (r.get("collective_share") or 0.0) >= WAITS_FOR_SHARE:
-            r["waits_for"] = [f"{x['node']} rank {x.get('rank')}" for x in stragglers]
+    verdict = straggler_model.analyse(rows)
+    strag_out = []
+    for s in verdict["stragglers"]:
+        row = next((r for r in rows if r["pid"] == s["pid"] and r["node"] == s["node"]), {})
+        strag_out.append({**s, "finding": _finding_for(row, s["cause"]),
+                          "expected_speedup": s["job_expected_speedup"],
+                          "data_share": row.get("data_share"), "host_sync_share": row.get("host_sync_share")})
+    for r, per in zip(rows, verdict["per_rank"]):
+        r["own_work_share"] = per.get("own_work_share")
+        for k in ("straggler", "excess_share", "cause", "fix", "waits_for"):
+            if k in per:
+                r[k] = per[k]
     ok = [e for e in node_entries if e["status"] == "ok"]
     for e in node_entries:
         if e["status"] != "ok":
@@ -131,13 +108,11 @@ def merge(job_id: str, payloads: list[dict[str, Any]], window_s: float | None = 
         "job": {"id": str(job_id), "nodes": order, "nodes_ok": [e["node"] for e in ok]},
         "window": {"seconds": window_s},
         "nodes": node_entries,
-        "ranks": rows,
-        "stragglers": [{"node": s["node"], "rank": s.get("rank"), "pid": s["pid"], "cause": s.get("top_finding"),
-                        "title": s.get("top_title"), "expected_speedup": s.get("expected_speedup"),
-                        "data_share": s.get("data_share"), "host_sync_share": s.get("host_sync_share")}
-                       for s in stragglers],
-        "job_expected_speedup": speedup,
-        "job_speedup_bound": bound,
+        "ranks": [_public_row(r) for r in rows],
+        "stragglers": strag_out,
+        "job_expected_speedup": verdict["job_expected_speedup"],
+        "job_speedup_bound": verdict["job_speedup_bound"],
+        "no_straggler_reason": verdict["no_straggler_reason"],
         "exit_code": exit_code,
         "notes": out_notes,
         "node_reports": reports,

@@ -48,6 +48,12 @@ def run(job_id: str, duration_s: float, rate_hz: int = 25, only: tuple[str, ...]
                    reason=f"no process of job {job_id} on node {node} has loaded torch "
                           f"({len(procs)} process(es) of the job seen here)")
         return _finish(out, node, root)
+    # A straggler's cause may be its step's CPU quota: the throttle probe (four cgroup reads) runs on
+    # every node beside the default probes, within the same budget.
+    probes, budget = only, None
+    if not only and not deep:
+        from trainprobe.probes.registry import probe_names
+        probes, budget = tuple(probe_names("diagnose", default_only=True)) + ("throttle",), True
     say(f"{node}: diagnosing {len(targets)} training process tree(s) of job {job_id}: "
         + ", ".join(str(t.pid) for t in targets))
     results: list[dict[str, Any] | None] = [None] * len(targets)
@@ -56,8 +62,8 @@ def run(job_id: str, duration_s: float, rate_hz: int = 25, only: tuple[str, ...]
         t = targets[i]
         entry: dict[str, Any] = {"target": t.to_dict()}
         try:
-            d = diagnosis.run(t.pid, duration_s=duration_s, rate_hz=rate_hz, only=only, skip=skip, root=root,
-                              deep=deep, progress=lambda m: say(f"{node}: {m}"))
+            d = diagnosis.run(t.pid, duration_s=duration_s, rate_hz=rate_hz, only=probes, skip=skip, root=root,
+                              deep=deep, progress=lambda m: say(f"{node}: {m}"), budget=budget)
         except UserError as exc:
             entry.update(status="failed", reason=str(exc), exit_code=exc.exit_code)
             results[i] = entry

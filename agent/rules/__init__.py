@@ -35,6 +35,7 @@ RULE_MODULES = (
     "trainprobe.agent.rules.h2d_pageable",
     "trainprobe.agent.rules.host_sync",
     "trainprobe.agent.rules.host_launch_bound",
+    "trainprobe.agent.rules.rank_straggler",
     "trainprobe.agent.rules.compute_bound",
 )
 

@@ -213,3 +213,31 @@ def read_pcie_link(call: Any, handle: Any) -> dict[str, Any]:
             "width": call("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", handle),
             "max_gen": call("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
             "max_width": call("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle)}
+
+
+# NVML's clock and error-counter enums (the values nvml.h defines; used where pynvml lacks a name).
+CLOCK_SM = 1                      # NVML_CLOCK_SM
+MEMORY_ERROR_UNCORRECTED = 1      # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+MEMORY_ERROR_CORRECTED = 0        # NVML_MEMORY_ERROR_TYPE_CORRECTED
+VOLATILE_ECC = 0                  # NVML_VOLATILE_ECC: counts since the driver loaded
+
+
+def read_max_sm_clock(call: Any, const: Any, handle: Any) -> Any:
+    """The GPU's maximum SM clock in MHz (nvmlDeviceGetMaxClockInfo)."""
+    return call("max_sm_clock", "nvmlDeviceGetMaxClockInfo", handle, const("NVML_CLOCK_SM", CLOCK_SM))
+
+
+def read_sm_clock(call: Any, const: Any, handle: Any) -> Any:
+    """The GPU's current SM clock in MHz (nvmlDeviceGetClockInfo)."""
+    return call("sm_clock", "nvmlDeviceGetClockInfo", handle, const("NVML_CLOCK_SM", CLOCK_SM))
+
+
+def read_error_counters(call: Any, const: Any, handle: Any) -> dict[str, Any]:
+    """PCIe replays (nvmlDeviceGetPcieReplayCounter) and volatile ECC error counts (corrected and
+    uncorrected, nvmlDeviceGetTotalEccErrors): counters, read at both ends of a window."""
+    vol = const("NVML_VOLATILE_ECC", VOLATILE_ECC)
+    return {"pcie_replays": call("pcie_replays", "nvmlDeviceGetPcieReplayCounter", handle),
+            "ecc_corrected": call("ecc", "nvmlDeviceGetTotalEccErrors", handle,
+                                  const("NVML_MEMORY_ERROR_TYPE_CORRECTED", MEMORY_ERROR_CORRECTED), vol),
+            "ecc_uncorrected": call("ecc", "nvmlDeviceGetTotalEccErrors", handle,
+                                    const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", MEMORY_ERROR_UNCORRECTED), vol)}

@@ -56,3 +56,39 @@ def test_no_numa_locality_means_no_numactl_line():
     rep = report("starved-rank1.tar.gz")
     assert not [fx for f in rep["findings"] for fx in f["fixes"] if (fx.get("command") or "").startswith("numactl")]
     assert "numa.remote" not in [f["id"] for f in rep["findings"]]
+
+
+def test_a_clock_throttled_gpu_names_its_rank_the_straggler():
+    """The healthy capture with GPU 1's NVML clock reads as a driver returns them for a thermally slowed
+    GPU (tests/data/h200x2/derive_clock_throttled.py): 1275 of 1980 MHz, reasons 0x60. The hosts' waits
+    agree (both ranks compute-bound), so the straggler is named by its GPU's clocks."""
+    rep = report("clock-throttled-rank1.tar.gz")
+    ranks = {r["pid"] for r in rep["target"]["ranks"]}
+    f = next(x for x in rep["findings"] if x["id"] == "rank.straggler")
+    slow = f["details"]["rank_pid"]
+    gpu_of = {p["pid"]: p["gpu_index"] for p in rep["gpu"]["processes"]} if rep.get("gpu", {}).get("processes") else {}
+    assert slow in ranks and f["details"]["cause"] == "gpu_slower" and f["details"]["named_by"] == "gpu"
+    c = f["details"]["causes"][0]
+    assert c["evidence"]["index"] == 1 and c["evidence"]["sm_clock_mhz"] == 1275
+    assert c["evidence"]["others_sm_clock_mhz"] == 1980
+    assert set(c["evidence"]["reasons"]) == {"sw_thermal_slowdown", "hw_thermal_slowdown"}
+    assert "cooling" in c["fix"] and c["command"].startswith("nvidia-smi -q -i 1")
+    # busy x (1 - 1275/1980) of the step: about 1.5x
+    assert 1.4 < f["expected_speedup"] < 1.7
+    assert not gpu_of or gpu_of.get(slow, 1) == 1
+
+
+def test_no_straggler_in_the_healthy_job_and_the_clock_fields_replay():
+    rep = report("healthy.tar.gz")
+    assert "rank.straggler" not in [f["id"] for f in rep["findings"]]
+    from trainprobe.agent import bundle
+    from trainprobe.probes.gpu import GpuProbe
+    caps = {c.probe: c for c in bundle.load(str(X2 / "clock-throttled-rank1.tar.gz")).captures}
+    per = GpuProbe.parse(caps["gpu"])["per_gpu"]
+    assert per[1]["sm_clock_mhz_mean"] == 1275 and per[0]["sm_clock_mhz_mean"] == 1980
+    assert per[0]["max_sm_clock_mhz"] == 1980 and per[1]["pcie_replays"] == 0 and per[1]["ecc_uncorrected"] == 0
+    assert per[1]["clocks_event_reasons"] == {"sw_thermal_slowdown": 1.0, "hw_thermal_slowdown": 1.0}
+    # A capture from before the clock reads replays with the fields unknown, not wrong.
+    old = {c.probe: c for c in bundle.load(str(X2 / "healthy.tar.gz")).captures}
+    p0 = GpuProbe.parse(old["gpu"])["per_gpu"][0]
+    assert p0["sm_clock_mhz_mean"] is None and p0["pcie_replays"] is None

@@ -2,7 +2,7 @@
 shaped like the node agent's output; the live two-slurmd test checks the same on a real job."""
 import io
 
-from trainprobe.agent.fleet.merge import job_speedup, merge
+from trainprobe.agent.fleet.merge import merge
 from trainprobe.probes.support.slurmjob import JobProcess, training_targets
 from trainprobe.reports import job_html, job_text
 
@@ -21,14 +21,13 @@ def _payload(node, rows, findings=()):
                              {"name": "gpu", "status": "skipped", "reason": "no NVIDIA driver"}]}}]}
 
 
-def test_lockstep_speedup_is_bounded_by_the_other_ranks_own_work():
+def test_lockstep_speedup_is_the_others_wait_minus_the_stragglers():
     rows = [_row("n1", 0, 10, 0.0, 0.6), _row("n2", 1, 20, 0.8, 0.0, "dataloader.starved", 4.0)]
-    strag = [rows[1]]
-    # The straggler could go 4x, but rank 0 works 0.4 of today's step: the job gains 1/0.4 = 2.5x.
-    s, how = job_speedup(rows, strag)
-    assert s == 2.5 and "0.40" in how
-    rows[0]["collective_share"] = 0.9
-    assert job_speedup(rows, strag)[0] == 4.0          # now the straggler's own fix is the limit
+    # Rank 0 waits 0.6 of the step for rank 1, which waits none: made as fast as rank 0, the step
+    # loses 0.6 of itself: 1 / (1 - 0.6) = 2.5x.
+    rep = merge("7", [_payload("n1", rows[:1]), _payload("n2", rows[1:])], 10.0, nodes=["n1", "n2"])
+    assert rep["job_expected_speedup"] == 2.5 and "0.60" in rep["job_speedup_bound"]
+    assert rep["stragglers"][0]["cause"] == "data"
 
 
 def test_merge_names_stragglers_keeps_failed_nodes_and_renders():
@@ -40,8 +39,8 @@ def test_merge_names_stragglers_keeps_failed_nodes_and_renders():
            "targets": []}]
     rep = merge("42", ps, 10.0, nodes=["n1", "n2", "n3", "n4"])
     assert rep["job"]["nodes_ok"] == ["n1", "n2"]
-    assert [(s["node"], s["rank"], s["cause"]) for s in rep["stragglers"]] == [("n2", 1, "dataloader.starved")]
-    assert rep["job_expected_speedup"] == round(1 / 0.45, 2)
+    assert [(s["node"], s["rank"], s["cause"]) for s in rep["stragglers"]] == [("n2", 1, "data")]
+    assert rep["job_expected_speedup"] == round(1 / (1 - (0.55 - 0.02)), 3)
     st = {n["node"]: n for n in rep["nodes"]}
     assert st["n3"]["status"] == "timeout" and st["n4"]["status"] == "no_report"
     assert st["n2"]["numactl"] == ["numactl --cpunodebind=1 --membind=1 python t.py"]
@@ -50,7 +49,7 @@ def test_merge_names_stragglers_keeps_failed_nodes_and_renders():
     out = io.StringIO()
     job_text.render(rep, out, color=False)
     text = out.getvalue()
-    assert "Straggler: node n2, rank 1" in text and "2.22x" in text and "n3" in text and "timeout" in text
+    assert "Straggler: node n2, rank 1" in text and "2.13x" in text and "n3" in text and "timeout" in text
     assert "numactl --cpunodebind=1" in text
     assert "waits for n2 rank 1" in text                  # rank 0's wait is named by the job view
     html = job_html.render(rep)

@@ -1,0 +1,410 @@
+"""The straggler of a data-parallel job, whatever slows it, and why (pure: per-rank facts in, a verdict out).
+
+Lockstep. Every step of a data-parallel job ends in a collective, so each rank waits there for the
+slowest. Over a window of steps of length T, rank r spends w_r of it waiting in collectives and
+T - w_r doing its own work (computing, loading data, syncing, waiting for a CPU). The slowest rank
+waits least: its wait w_s is the collective's own cost, which every rank pays, and another rank o
+waits w_o = w_s + (its own work's shortfall behind the straggler). So:
+    the straggler is the rank that waits least;
+    its excess is e = w_o - w_s (of the step): how much longer its own work is than the others';
+    made as fast as the others, the job's step is T' = (T - w_o) + w_s = T - e, a speedup of
+    S = T / (T - e) = 1 / (1 - e).
+With more ranks, w_o is the median wait of the other ranks (the straggler is named against the
+typical rank) and the speedup uses the smallest wait among the non-stragglers (the next slowest
+rank sets the pace once the straggler is fixed). All shares are of the window.
+
+Measurement error. The shares come from py-spy's samples of each training thread (n of them): a
+share p is known to about +-2 sqrt(p (1 - p) / n). A rank is named only when the asymmetry exceeds
+the error of the difference, 2 sqrt(p_s (1 - p_s) / n_s + p_o (1 - p_o) / n_o), and MIN_EXCESS.
+
+Cause. The excess is split by what the straggler's own work holds more of than the others' (each
+a difference of shares of the window): data (waiting for or loading batches), host syncs, waiting
+for a CPU (run-queue delay: a cgroup quota that throttles it, other processes on its CPUs, fewer
+CPUs than the others), and the rest of its own work (its own host code, seen as the frames of its
+training thread that the other ranks do not have; a GPU that runs slower; NUMA placement). Each
+cause gets its fix and the job speedup if it alone were removed: 1 / (1 - min(share, e)).
+A rank's GPU that runs at lower clocks than the others' (thermal, power cap, HW slowdown) names a
+straggler even when the hosts' waits cannot show it (collectives wait on the GPU, not the host).
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from statistics import fmean, median
+from typing import Any
+
+MIN_EXCESS = 0.03           # below this, an asymmetry is not worth a straggler, however well measured
+MIN_CAUSE = 0.02            # a cause's share of the step, at least, to be named
+DEFAULT_SAMPLES = 100       # n for a share whose sample count is unknown (conservative)
+CONTENDED_SHARE = 0.05      # other processes on the rank's CPUs: more than the others' by this much
+THROTTLED_SHARE = 0.02      # of the window the rank's cgroup was throttled
+GPU_CLOCK_RATIO = 0.92      # a GPU below this share of the others' SM clock runs slower
+GPU_REASON_SHARE = 0.2      # a slowdown reason in this share of the readings
+GPU_SLOWDOWN_REASONS = {
+    "sw_thermal_slowdown": "SW thermal slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
+    "hw_slowdown": "HW slowdown", "hw_power_brake_slowdown": "HW power brake slowdown",
+    "sw_power_cap": "SW power cap"}
+
+
+def _n(r: dict[str, Any]) -> int:
+    n = r.get("samples")
+    return int(n) if isinstance(n, (int, float)) and n and n > 0 else DEFAULT_SAMPLES
+
+
+def share_error(p: float, n: int) -> float:
+    """Two standard errors of a share p measured from n samples."""
+    p = min(max(p, 0.0), 1.0)
+    return 2.0 * math.sqrt(p * (1.0 - p) / max(n, 1))
+
+
+def diff_error(a: dict[str, Any], b: dict[str, Any], key: str = "collective_share") -> float:
+    pa, pb = float(a.get(key) or 0.0), float(b.get(key) or 0.0)
+    return 2.0 * math.sqrt(pa * (1 - pa) / _n(a) + pb * (1 - pb) / _n(b))
+
+
+def lockstep_speedup(excess: float) -> float:
+    """T / (T - e): the job's speedup when the straggler's own work shrinks by e (share of T)."""
+    return round(1.0 / max(1.0 - max(excess, 0.0), 1e-3), 3)
+
+
+def _label(r: dict[str, Any]) -> str:
+    rank = r.get("rank") if r.get("rank") is not None else r.get("local_rank")
+    where = f"node {r['node']} " if r.get("node") else ""
+    return f"{where}rank {rank if rank is not None else '?'} (PID {r['pid']})"
+
+
+def _short(r: dict[str, Any]) -> str:
+    """'n2 rank 1' (the job view's name of a rank), or 'rank PID 123' on one node."""
+    rank = r.get("rank") if r.get("rank") is not None else r.get("local_rank")
+    if r.get("node"):
+        return f"{r['node']} rank {rank if rank is not None else '?'}"
+    return f"rank PID {r['pid']}"
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+    return fmean(vals) if vals else 0.0
+
+
+def _own(r: dict[str, Any]) -> float:
+    return 1.0 - float(r.get("collective_share") or 0.0)
+
+
+def _own_rest(r: dict[str, Any]) -> float:
+    """The rank's own work outside data and syncs (py-spy's shares are wall-clock: they hold the
+    run-queue wait spent in their frames): its own code, on a CPU or waiting for one."""
+    return max(0.0, _own(r) - float(r.get("data_share") or 0.0) - float(r.get("host_sync_share") or 0.0))
+
+
+def excess_cpu_wait(s: dict[str, Any], others: list[dict[str, Any]]) -> float:
+    """The straggler's run-queue wait beyond what the other ranks' rate of waiting predicts for its
+    CPU time. A rank that runs more on an equally loaded host waits proportionally more for a CPU:
+    that wait belongs to what made it run more (its data, its code); only the wait beyond the others'
+    rate per CPU-second is its own CPU's doing (a quota, another process, fewer CPUs)."""
+    q_s = float(s.get("run_delay_share") or 0.0)
+    cpu_o = sum(float(o.get("cpu_share") or 0.0) for o in others)
+    q_o = sum(float(o.get("run_delay_share") or 0.0) for o in others)
+    rate = q_o / cpu_o if cpu_o > 0 else 0.0
+    return max(0.0, q_s - rate * float(s.get("cpu_share") or 0.0))
+
+
+def _cpus(r: dict[str, Any]) -> list[int]:
+    from trainprobe.probes.parsers import procfs   # noqa: PLC0415 - the one CPU-list parser
+    return procfs.parse_cpulist(r.get("cpus_allowed")) if r.get("cpus_allowed") else []
+
+
+def _others_on_cpus(r: dict[str, Any]) -> float | None:
+    """Share of the window other processes ran on the rank's own CPUs (contention probe)."""
+    con = (r.get("node_facts") or {}).get("contention") or {}
+    by_cpu = con.get("others_by_cpu") or {}
+    mine = [by_cpu[c] for c in _cpus(r) if c in by_cpu] or [by_cpu[c] for c in by_cpu]
+    return round(fmean(mine), 4) if mine else None
+
+
+def _finding(r: dict[str, Any], fid: str) -> dict[str, Any] | None:
+    return next((f for f in r.get("findings") or [] if f.get("id") == fid), None)
+
+
+def _fix_of(f: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    if not f or not f.get("fixes"):
+        return None, None
+    fx = f["fixes"][0]
+    text = fx.get("title") or ""
+    if fx.get("change"):
+        text += f": {fx['change']}"
+    return text or None, fx.get("command")
+
+
+def frame_diff(s: dict[str, Any], others: list[dict[str, Any]], floor: float = MIN_CAUSE) -> list[dict[str, Any]]:
+    """The straggler's hottest functions the other ranks do not have (a flame-graph diff at function
+    granularity): its inclusive share minus the others' mean, largest first, deepest-named first on ties."""
+    mine = s.get("hot_functions") or {}
+    out = []
+    for fn, share in mine.items():
+        theirs = fmean([float((o.get("hot_functions") or {}).get(fn, 0.0)) for o in others]) if others else 0.0
+        d = share - theirs
+        if d >= floor:
+            out.append({"function": fn, "share": round(share, 4), "others_share": round(theirs, 4),
+                        "extra_share": round(d, 4)})
+    # A caller's inclusive share covers its callee's: on ties keep the innermost (the smaller share
+    # of the whole stack it belongs to is not known here, so the narrowest name wins by order).
+    out.sort(key=lambda x: (-round(x["extra_share"], 2), x["share"]))
+    return out[:3]
+
+
+def _gpu_slower(s: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The straggler's GPU against the others': its SM clock ratio and slowdown reasons, or None."""
+    g = s.get("gpu") or {}
+    if not g:
+        return None
+    og = [o.get("gpu") or {} for o in others if o.get("gpu")]
+    clocks = [float(x["sm_clock_mhz"]) for x in og if x.get("sm_clock_mhz")]
+    ratio = None
+    if g.get("sm_clock_mhz") and clocks:
+        ratio = round(float(g["sm_clock_mhz"]) / fmean(clocks), 3)
+    elif g.get("sm_clock_mhz") and g.get("max_sm_clock_mhz"):
+        ratio = round(float(g["sm_clock_mhz"]) / float(g["max_sm_clock_mhz"]), 3)
+    reasons = {k: v for k, v in (g.get("reasons") or {}).items() if k in GPU_SLOWDOWN_REASONS
+               and v >= GPU_REASON_SHARE and all((x.get("reasons") or {}).get(k, 0.0) < GPU_REASON_SHARE for x in og)}
+    replays = (g.get("pcie_replays") or 0) - max([x.get("pcie_replays") or 0 for x in og], default=0)
+    ecc = g.get("ecc_uncorrected") or 0
+    if not ((ratio is not None and ratio < GPU_CLOCK_RATIO) or reasons or replays > 0 or ecc > 0):
+        return None
+    return {"index": g.get("index"), "ratio": ratio, "sm_clock_mhz": g.get("sm_clock_mhz"),
+            "others_sm_clock_mhz": round(fmean(clocks), 1) if clocks else None,
+            "max_sm_clock_mhz": g.get("max_sm_clock_mhz"), "reasons": reasons, "pcie_replays": max(replays, 0),
+            "ecc_uncorrected": ecc, "busy": g.get("busy"), "temperature_c_max": g.get("temperature_c_max"),
+            "power_w_mean": g.get("power_w_mean"), "power_limit_w": g.get("power_limit_w")}
+
+
+def _gpu_share(gs: dict[str, Any]) -> float:
+    """The step share a slower GPU costs: its busy share times the clock it lacks (1 - ratio)."""
+    ratio = gs.get("ratio")
+    return max(0.0, float(gs.get("busy") or 1.0) * (1.0 - ratio)) if ratio is not None else 0.0
+
+
+def _cause(cid: str, title: str, share: float, excess: float, fix: str, command: str | None = None,
+           evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"cause": cid, "title": title, "share": round(share, 4),
+            "job_speedup_if_removed": lockstep_speedup(min(share, excess)),
+            "fix": fix, "command": command, "evidence": evidence or {}}
+
+
+def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) -> list[dict[str, Any]]:
+    """Each cause of the straggler's excess with its share of the step, its fix and its number."""
+    who = _label(s)
+    out: list[dict[str, Any]] = []
+    # The CPU wait that is the straggler's CPU's own doing, carved out of its frames' wall-clock
+    # shares in proportion (py-spy saw the rank in those frames while it waited).
+    d_wait = excess_cpu_wait(s, others)
+    keep = max(0.0, 1.0 - d_wait / _own(s)) if _own(s) > 0 else 1.0
+    d_data = float(s.get("data_share") or 0.0) * keep - _mean(others, "data_share")
+    if d_data >= MIN_CAUSE:
+        fix, cmd = _fix_of(_finding(s, "dataloader.starved"))
+        out.append(_cause("data", f"{who} waits for or loads its own batches {d_data:.0%} of the step more than "
+                          "the other ranks", d_data, excess,
+                          fix or "Feed its loop from DataLoader workers like the other ranks (num_workers > 0, "
+                                 "persistent_workers=True), or make its samples as cheap as theirs", cmd,
+                          {"data_share": s.get("data_share"), "others_data_share": round(_mean(others, "data_share"), 4)}))
+    d_sync = float(s.get("host_sync_share") or 0.0) * keep - _mean(others, "host_sync_share")
+    if d_sync >= MIN_CAUSE:
+        fix, cmd = _fix_of(_finding(s, "host.sync"))
+        out.append(_cause("host_sync", f"{who} spends {d_sync:.0%} of the step more than the others in "
+                          "host-device syncs", d_sync, excess,
+                          fix or "Take the syncs (.item(), .cpu(), print(tensor)) out of its loop", cmd,
+                          {"host_sync_share": s.get("host_sync_share")}))
+    if d_wait >= MIN_CAUSE:
+        out.extend(_cpu_wait_causes(s, others, d_wait, excess, who))
+    d_rest = _own_rest(s) * keep - fmean([_own_rest(o) for o in others]) if others else 0.0
+    gs = _gpu_slower(s, others)
+    if gs is not None:
+        share = _gpu_share(gs) or max(d_rest, 0.0)
+        why = ", ".join(GPU_SLOWDOWN_REASONS[k] + f" in {v:.0%} of readings" for k, v in gs["reasons"].items())
+        clk = (f"runs at {gs['sm_clock_mhz']:.0f} MHz SM clock against {gs['others_sm_clock_mhz']:.0f} MHz on the "
+               "other ranks' GPUs" if gs.get("others_sm_clock_mhz") and gs.get("sm_clock_mhz")
+               else (f"runs at {gs['sm_clock_mhz']:.0f} of {gs['max_sm_clock_mhz']:.0f} MHz" if gs.get("sm_clock_mhz")
+                     and gs.get("max_sm_clock_mhz") else "runs slower"))
+        extra = []
+        if gs["pcie_replays"]:
+            extra.append(f"{gs['pcie_replays']} PCIe replays")
+        if gs["ecc_uncorrected"]:
+            extra.append(f"{gs['ecc_uncorrected']} uncorrected ECC errors")
+        title = f"{who}'s GPU {gs['index']} {clk}" + (f" ({why})" if why else "") + (
+            "; " + ", ".join(extra) if extra else "")
+        thermal = any("thermal" in k for k in gs["reasons"])
+        power = any("power" in k for k in gs["reasons"])
+        fix = ("Restore its clocks: " + ("check its cooling (airflow, fan, inlet temperature) " if thermal else "")
+               + ("check its power cap and the node's power budget " if power else "")
+               + ("check the GPU's health (HW slowdown, replays, ECC) with the vendor's diagnostics "
+                  if gs["reasons"].get("hw_slowdown") or extra else "")
+               + "or move the rank to a healthy GPU")
+        out.append(_cause("gpu_slower", title, share, excess, fix.replace("  ", " "),
+                          "nvidia-smi -q -i {} -d PERFORMANCE,CLOCK,TEMPERATURE,POWER".format(int(gs["index"] or 0)),
+                          gs))
+    elif d_rest >= MIN_CAUSE:
+        numa = _finding(s, "numa.remote")
+        frames = frame_diff(s, others)
+        if numa is not None:
+            fix, cmd = _fix_of(numa)
+            out.append(_cause("numa", f"{who} runs or allocates on a NUMA node away from its GPU", d_rest, excess,
+                              fix or "Bind it to its GPU's NUMA node", cmd, {"finding": numa.get("title")}))
+        elif frames:
+            top = frames[0]
+            names = ", ".join(f"{f['function']} {f['extra_share']:.0%}" for f in frames)
+            out.append(_cause("own_compute", f"{who} runs host code the other ranks do not: {names} of its step",
+                              min(d_rest, max(f["extra_share"] for f in frames)), excess,
+                              f"Take {top['function']} out of the step (run it every N steps, on another thread or "
+                              "process, or split it across the ranks), so every rank does the same work per step",
+                              None, {"frames": frames}))
+        else:
+            out.append(_cause("own_compute", f"{who}'s own work is {d_rest:.0%} of the step longer than the others' "
+                              "in the same frames (slower CPU, larger batches or inputs?)", d_rest, excess,
+                              "Give it the same work and hardware as the other ranks (batch size, sequence length, "
+                              "CPU model and frequency)", None, {}))
+    out.sort(key=lambda c: -c["share"])
+    return out
+
+
+def _cpu_wait_causes(s: dict[str, Any], others: list[dict[str, Any]], d_wait: float, excess: float,
+                     who: str) -> list[dict[str, Any]]:
+    thr = (s.get("node_facts") or {}).get("throttle") or {}
+    t_share = float(thr.get("share") or 0.0)
+    t_others = fmean([float(((o.get("node_facts") or {}).get("throttle") or {}).get("share") or 0.0)
+                      for o in others]) if others else 0.0
+    if t_share - t_others >= THROTTLED_SHARE:
+        cg = thr.get("cgroup")
+        v1 = thr.get("cgroup_version") == 1
+        cmd = None
+        if cg:
+            cmd = (f"echo -1 > {shlex.quote(cg + '/cpu.cfs_quota_us')}" if v1
+                   else f"echo max > {shlex.quote(cg + '/cpu.max')}")
+        q = thr.get("quota_cpus")
+        return [_cause("cpu_quota", f"{who}'s cgroup is throttled by its CPU quota"
+                       + (f" of {q:g} CPU" if q else "") + f" {t_share:.0%} of the window",
+                       min(d_wait, t_share - t_others), excess,
+                       "Raise its CPU quota to what its threads use (Slurm: more --cpus-per-task; a cgroup: "
+                       "cpu.max or cpu.cfs_quota_us), or lift it", cmd,
+                       {"throttled_share": t_share, "quota_cpus": q, "cgroup": cg})]
+    mine = _others_on_cpus(s)
+    theirs = [x for x in (_others_on_cpus(o) for o in others) if x is not None]
+    if mine is not None and theirs and mine - fmean(theirs) >= CONTENDED_SHARE:
+        con = (s.get("node_facts") or {}).get("contention") or {}
+        comp = con.get("competitors") or []
+        mycpus = set(_cpus(s))
+        named = [c for c in comp if not mycpus or not c.get("cpus_allowed")
+                 or mycpus & set(_cpus({"cpus_allowed": c["cpus_allowed"]}))] or comp
+        names = ", ".join(f"PID {c['pid']} ({str(c.get('command') or '?')[:60]})" for c in named[:2])
+        fix, cmd = _fix_of(_finding(s, "cpu.contended"))
+        cpus = s.get("cpus_allowed") or "?"
+        return [_cause("cpu_contended", f"other processes run {mine:.0%} of the time on {who}'s CPU(s) {cpus} "
+                       f"(the other ranks' CPUs: {fmean(theirs):.0%})" + (f": {names}" if names else ""),
+                       d_wait, excess,
+                       fix or (f"Move {names or 'the other processes'} off CPU(s) {cpus}, or pin the rank to CPUs "
+                               "nobody else uses"), cmd,
+                       {"others_on_its_cpus": mine, "others_on_their_cpus": round(fmean(theirs), 4),
+                        "competitors": named[:3]})]
+    n_s = s.get("cpus_allowed_count")
+    n_o = [o.get("cpus_allowed_count") for o in others if o.get("cpus_allowed_count")]
+    if n_s and n_o and n_s < min(n_o):
+        return [_cause("fewer_cpus", f"{who} may run on {n_s} CPU(s) ({s.get('cpus_allowed')}), the other ranks "
+                       f"on {min(n_o)}", d_wait, excess,
+                       f"Give it as many CPUs as the others (its affinity or cgroup cpuset: taskset -pc, "
+                       "Slurm --cpus-per-task)", None, {"cpus_allowed": s.get("cpus_allowed")})]
+    return [_cause("cpu_wait", f"{who} waits for a CPU {d_wait:.0%} of the step more than the others' rate of "
+                   "waiting predicts, with no quota throttling or outside process measured on its CPUs", d_wait, excess,
+                   "Find what else runs on its CPUs (the contention probe, --probes contention) or give it more CPUs",
+                   None, {"run_delay_share": s.get("run_delay_share")})]
+
+
+def _gpu_stragglers(known: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in known:
+        others = [o for o in known if o is not r]
+        gs = _gpu_slower(r, others) if others else None
+        if gs is not None and _gpu_share(gs) >= MIN_EXCESS:
+            out.append((r, gs))
+    return [r for r, _ in sorted(out, key=lambda x: -_gpu_share(x[1]))]
+
+
+def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """rows: one per rank, with collective_share, samples and the facts of training_ranks.rank_facts
+    (plus node, rank, node_facts and findings where known). Returns the straggler verdict:
+    {stragglers: [...], job_expected_speedup, job_speedup_bound, no_straggler_reason, per_rank: [one per row]}."""
+    known = [r for r in rows if r.get("collective_share") is not None]
+    verdict: dict[str, Any] = {"stragglers": [], "job_expected_speedup": None, "job_speedup_bound": None,
+                               "no_straggler_reason": None, "per_rank": []}
+    per: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        c = r.get("collective_share")
+        per[id(r)] = {"collective_share": c, "own_work_share": round(1.0 - c, 4) if c is not None else None}
+        verdict["per_rank"].append(per[id(r)])
+    if len(known) < 2:
+        verdict["no_straggler_reason"] = (f"{len(known)} rank(s) with a measured collective wait: the lockstep model "
+                                          "needs two")
+        return verdict
+    waits = sorted(known, key=lambda r: r["collective_share"])
+    s0 = waits[0]
+    rest = waits[1:]
+    ref = median(r["collective_share"] for r in rest)
+    ref_row = min(rest, key=lambda r: abs(r["collective_share"] - ref))
+    stragglers = []
+    for r in waits:
+        if r is ref_row:
+            continue
+        e = ref - r["collective_share"]
+        m = diff_error(r, ref_row)
+        if e > max(m, MIN_EXCESS):
+            stragglers.append((r, e, m))
+    how = "lockstep"
+    if not stragglers:
+        gpu = _gpu_stragglers(known)
+        if gpu:
+            how = "gpu"
+            stragglers = [(r, _gpu_share(_gpu_slower(r, [o for o in known if o is not r]) or {}), 0.0) for r in gpu[:1]]
+    if not stragglers:
+        e0 = ref - s0["collective_share"]
+        m0 = diff_error(s0, ref_row)
+        verdict["no_straggler_reason"] = (
+            f"no straggler: the ranks' collective waits differ by at most {e0:.2f} of the step "
+            f"({_label(s0)} {s0['collective_share']:.2f}, the others' median {ref:.2f}), within the measurement "
+            f"error {m0:.2f} (2 sigma of py-spy's shares) or below {MIN_EXCESS:g}")
+        verdict["job_speedup_bound"] = verdict["no_straggler_reason"]
+        return verdict
+    key = {id(r) for r, _e, _m in stragglers}
+    non = [r for r in known if id(r) not in key]
+    if how == "lockstep":
+        floor = min(r["collective_share"] for r in non)
+        gain = floor - min(r["collective_share"] for r, _e, _m in stragglers)
+        bound = (f"lockstep: the straggler waits {min(r['collective_share'] for r, _e, _m in stragglers):.2f} of the "
+                 f"step in collectives, the next slowest rank {floor:.2f}; made as fast as the others the step is "
+                 f"T - {gain:.2f} T, a speedup of 1 / (1 - {gain:.2f})")
+    else:
+        gain = stragglers[0][1]
+        bound = (f"GPU clocks: the straggler's GPU busy share x (1 - its SM clock / the others') = {gain:.2f} of "
+                 f"the step, a speedup of 1 / (1 - {gain:.2f})")
+    speedup = lockstep_speedup(gain)
+    for r, e, m in stragglers:
+        others = non or [o for o in known if o is not r]
+        causes = causes_of(r, others, e)
+        top = causes[0] if causes else None
+        entry = {"node": r.get("node"), "rank": r.get("rank"), "local_rank": r.get("local_rank"), "pid": r["pid"],
+                 "collective_share": r["collective_share"], "others_collective_share": round(ref, 4),
+                 "excess_share": round(e, 4), "error_share": round(m, 4), "named_by": how,
+                 "job_expected_speedup": lockstep_speedup(e) if how == "lockstep" else speedup,
+                 "causes": causes, "cause": top["cause"] if top else "unexplained",
+                 "title": (f"{_label(r)} is the straggler: the other ranks wait {e:.0%} of their step for it"
+                           + (f"; {top['title']}" if top else "")),
+                 "fix": top["fix"] if top else None}
+        if not causes:
+            entry["note"] = (f"no probe explains {_label(r)}'s extra {e:.0%} of the step: not data, syncs, CPU wait, "
+                             "quota, other processes or its GPU. Compare its code path, inputs and hardware with a "
+                             "healthy rank (trainprobe flamegraph --diff)")
+            entry["fix"] = entry["note"]
+        verdict["stragglers"].append(entry)
+        per[id(r)].update({"straggler": True, "excess_share": round(e, 4),
+                                              "cause": entry["cause"], "fix": entry["fix"]})
+    for r in non:
+        per[id(r)]["waits_for"] = [_short(x) for x, _e, _m in stragglers]
+    verdict["job_expected_speedup"] = speedup
+    verdict["job_speedup_bound"] = bound
+    return verdict

@@ -1,0 +1,110 @@
+"""The straggler model (agent/combiners/stragglers.py) on rows shaped like training_ranks.rank_facts's:
+the lockstep asymmetry names the rank that waits least, whatever its cause, only outside the
+sampling error; each cause is read from its own evidence, with its fix and its number. The live
+cluster tests (tests/live/test_slurm_stragglers.py) check the same on real jobs."""
+import pytest
+
+from trainprobe.agent.combiners import stragglers
+
+
+def _row(pid, coll, *, node="n1", rank=0, samples=250, data=0.0, sync=0.0, rd=0.05, cpu=None, cpus="0",
+         hot=None, node_facts=None, gpu=None, findings=None):
+    return {"node": node, "pid": pid, "rank": rank, "local_rank": 0, "collective_share": coll,
+            "data_share": data, "host_sync_share": sync, "run_delay_share": rd,
+            "cpu_share": cpu if cpu is not None else max(0.0, 1 - coll - rd - data),
+            "samples": samples, "cpus_allowed": cpus, "cpus_allowed_count": len(cpus.split(",")),
+            "hot_functions": hot or {"main (job.py)": 1.0, "train_step (job.py)": 0.9},
+            "node_facts": node_facts or {}, "gpu": gpu, "findings": findings or []}
+
+
+def test_the_rank_that_waits_least_is_the_straggler_and_the_speedup_is_lockstep():
+    # The issue's job: rank 0 waits 0.78 of its step, rank 1 0.63: rank 1 is 0.15 of the step slower.
+    rows = [_row(10, 0.78, node="n1", rank=0),
+            _row(20, 0.63, node="n2", rank=1, hot={"main (job.py)": 1.0, "extra_host_work (job.py)": 0.15})]
+    v = stragglers.analyse(rows)
+    (s,) = v["stragglers"]
+    assert (s["node"], s["rank"], s["pid"]) == ("n2", 1, 20)
+    assert s["excess_share"] == pytest.approx(0.15)
+    assert v["job_expected_speedup"] == pytest.approx(1 / (1 - 0.15), abs=1e-3)
+    assert s["cause"] == "own_compute" and "extra_host_work (job.py)" in s["causes"][0]["title"]
+    assert v["per_rank"][0]["waits_for"] == ["n2 rank 1"]
+
+
+def test_an_asymmetry_within_the_sampling_error_names_no_one():
+    # 0.05 apart on 100 samples each: 2 sqrt(2 * 0.25 / 100) = 0.14 > 0.05.
+    v = stragglers.analyse([_row(10, 0.50, samples=100), _row(20, 0.45, node="n2", rank=1, samples=100)])
+    assert v["stragglers"] == [] and v["job_expected_speedup"] is None
+    assert "within the measurement error" in v["no_straggler_reason"]
+    # The same gap measured on 5000 samples each (error 0.02) is a straggler.
+    v = stragglers.analyse([_row(10, 0.50, samples=5000), _row(20, 0.45, node="n2", rank=1, samples=5000)])
+    assert [s["pid"] for s in v["stragglers"]] == [20]
+
+
+def test_the_error_is_two_sigma_of_the_difference():
+    a, b = _row(1, 0.6, samples=400), _row(2, 0.2, samples=100)
+    assert stragglers.diff_error(a, b) == pytest.approx(2 * (0.24 / 400 + 0.16 / 100) ** 0.5)
+
+
+def test_many_ranks_one_slow_the_next_slowest_sets_the_pace():
+    rows = [_row(i, w, node=f"n{i}", rank=i) for i, w in enumerate([0.50, 0.52, 0.48, 0.10])]
+    v = stragglers.analyse(rows)
+    assert [s["pid"] for s in v["stragglers"]] == [3]
+    # Fixed, rank 3 is as fast as the next slowest rank (wait 0.48): T' = T - (0.48 - 0.10).
+    assert v["job_expected_speedup"] == pytest.approx(1 / (1 - 0.38), abs=1e-3)
+
+
+def test_data_and_syncs_are_named_with_the_nodes_own_fix():
+    fix = [{"id": "dataloader.starved", "title": "t", "fixes": [{"title": "Use 4 workers",
+                                                                  "change": "DataLoader(num_workers=4)", "command": None}]}]
+    rows = [_row(10, 0.6), _row(20, 0.1, node="n2", rank=1, data=0.5, findings=fix)]
+    s = stragglers.analyse(rows)["stragglers"][0]
+    assert s["cause"] == "data" and "DataLoader(num_workers=4)" in s["fix"]
+    assert s["causes"][0]["job_speedup_if_removed"] == pytest.approx(1 / (1 - 0.5), abs=1e-3)
+    rows = [_row(10, 0.6), _row(20, 0.2, node="n2", rank=1, sync=0.4)]
+    assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "host_sync"
+
+
+def test_cpu_wait_is_split_by_quota_other_processes_and_fewer_cpus():
+    quota = {"throttle": {"share": 0.4, "quota_cpus": 0.35, "cgroup": "/sys/fs/cgroup/cpu/job 1",
+                          "cgroup_version": 1}}
+    rows = [_row(10, 0.6, node_facts={"throttle": {"share": 0.0}}),
+            _row(20, 0.15, node="n2", rank=1, rd=0.5, node_facts=quota)]
+    s = stragglers.analyse(rows)["stragglers"][0]
+    assert s["cause"] == "cpu_quota" and "0.35 CPU" in s["causes"][0]["title"]
+    assert s["causes"][0]["command"] == "echo -1 > '/sys/fs/cgroup/cpu/job 1/cpu.cfs_quota_us'"
+    con = lambda others: {"contention": {"others_by_cpu": {0: 0.05, 1: others}, "competitors": [
+        {"pid": 77, "command": "python spin.py", "cpus_allowed": "1", "share_of_job_cpus": 0.4}]}}
+    rows = [_row(10, 0.6, cpus="0", node_facts=con(0.6)), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1",
+                                                           node_facts=con(0.6))]
+    s = stragglers.analyse(rows)["stragglers"][0]
+    assert s["cause"] == "cpu_contended" and "PID 77 (python spin.py)" in s["causes"][0]["title"]
+    rows = [_row(10, 0.6, cpus="0,1"), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1")]
+    assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "fewer_cpus"
+    rows = [_row(10, 0.6, cpus="0"), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1")]
+    assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "cpu_wait"
+
+
+def test_a_slower_gpu_names_the_rank_even_when_the_hosts_waits_agree():
+    g = lambda mhz, reasons: {"index": 0, "busy": 0.98, "sm_clock_mhz": mhz, "max_sm_clock_mhz": 1980,
+                              "reasons": reasons}
+    rows = [_row(10, 0.55, gpu=g(1980, {})), _row(20, 0.54, rank=1, gpu=g(1275, {"hw_thermal_slowdown": 1.0}))]
+    v = stragglers.analyse(rows)
+    (s,) = v["stragglers"]
+    assert s["pid"] == 20 and s["cause"] == "gpu_slower" and s["named_by"] == "gpu"
+    assert "HW thermal slowdown" in s["causes"][0]["title"] and "cooling" in s["fix"]
+    assert v["job_expected_speedup"] == pytest.approx(1 / (1 - 0.98 * (1 - 1275 / 1980)), abs=1e-3)
+    # Both GPUs at full clock: nothing to name.
+    rows[1]["gpu"] = g(1980, {})
+    assert stragglers.analyse(rows)["stragglers"] == []
+
+
+def test_an_unexplained_straggler_says_so():
+    rows = [_row(10, 0.6, rd=0.0, cpu=0.4), _row(20, 0.2, rank=1, rd=0.0, cpu=0.4)]  # more off-CPU, no frame
+    rows[1]["hot_functions"] = dict(rows[0]["hot_functions"])
+    s = stragglers.analyse(rows)["stragglers"][0]
+    assert s["cause"] == "own_compute" and "same frames" in s["causes"][0]["title"]
+
+
+def test_one_rank_or_none_measured_is_no_verdict():
+    v = stragglers.analyse([_row(10, 0.5), {**_row(20, 0.5), "collective_share": None}])
+    assert v["stragglers"] == [] and "needs two" in v["no_straggler_reason"]
