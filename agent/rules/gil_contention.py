@@ -226,12 +226,17 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
       description="GIL ownership could not be measured: say so when the training process has other threads")
 def gil_unmeasured(ev: Evidence) -> Finding | None:
     """When py-spy's GIL sampler did not run (or this capture predates it), no GIL wait is inferred
-    from CPU time or frames: the notes say it was not measured."""
+    from CPU time or frames: the notes say it was not measured, where another thread of the process
+    ran Python at all (py-spy saw it busy in some sample)."""
     if ev.has("gil") or free_threaded(ev):
         return None
     own = ownership(ev)
     spy = ev.get("pyspy") or {}
     if own.get("measured") or not spy.get("training_thread") or not spy.get("other_threads"):
+        return None
+    if not any(float(t.get("busy_fraction") or 0.0) > 0.0 for t in spy["other_threads"]):
+        # Every other thread sat idle (blocked, or with no Python frames) in every sample: none of them
+        # could have held the GIL, so there is nothing left unmeasured to note.
         return None
     ev.note(f"GIL ownership was not measured ({own.get('reason') or 'no py-spy --gil samples'}): gil.contention "
             "was not assessed; `trainprobe diagnose --deep` samples the GIL's holder")

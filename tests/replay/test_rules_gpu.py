@@ -1,5 +1,7 @@
 """The GPU-side rules on the real H200 captures (NVML streams + py-spy, on one clock): each mode
 gets the finding a live run should give, with a number derived from the attribution."""
+import re
+
 import pytest
 
 from trainprobe.agent import evidence
@@ -59,7 +61,14 @@ def test_pageable_is_h2d_pageable_with_pcie_bound_and_pinning_fix():
     assert top.id == "h2d.pageable"
     assert "pin_memory=True" in top.fixes[0].change and "non_blocking=True" in top.fixes[0].change
     assert top.details["pcie_rx_gbps"] == pytest.approx(7.3, abs=0.5)
-    assert "link's 63.02 GB/s" in top.speedup_bound
+    # The exact ceiling is a fact (Gen5 x16: 63.02 GB/s one way); the sentence rounds it to 3
+    # significant digits, which the "<= N.Nx" beside it does not need more of.
+    link = next(x for x in top.evidence if x.fact.startswith("PCIe link ceiling"))
+    assert link.value == pytest.approx(63.02, abs=0.01)
+    shown = re.search(r"the link's ([0-9.]+) GB/s instead of today's ([0-9.]+) GB/s: <= ([0-9.]+)x", top.speedup_bound)
+    assert shown, top.speedup_bound
+    assert float(shown.group(1)) == pytest.approx(link.value, rel=0.005)
+    assert float(shown.group(3)) == pytest.approx(link.value / top.details["pcie_rx_gbps"], abs=0.06)
     assert 1 / 1.6 < top.expected_speedup / MEASURED["pageable->pinned"] < 1.6
 
 
