@@ -24,17 +24,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections import defaultdict
 from typing import Any
 
 from trainprobe.probes.parsers import perfparse as pp
 from trainprobe.probes.parsers import procfs
-from trainprobe.probes.base import Availability, Capture, JobShape, Probe, Recorder, WatchSpec
+from trainprobe.probes.base import (Availability, Capture, JobShape, Probe, Recorder, WatchSpec, private_dir,
+                                    remove_private_dir, which)
 from trainprobe.probes.schema import PerfStatEvidence
 from trainprobe.probes.errors import PermissionDenied, ProbeError, TargetGone, Unavailable
 
@@ -55,7 +54,7 @@ INSTALL_HINT = ("install perf (Debian: `apt-get install linux-perf`; Ubuntu: `ap
 
 
 def perf_binary() -> str | None:
-    return shutil.which("perf")
+    return which("perf")
 
 
 def interval_plan(window_s: float) -> tuple[int, int]:
@@ -228,7 +227,7 @@ class PerfStatProbe(Probe):
         sessions: dict[str, list[int]] = {"main": [main_pid]}
         if worker_pids:
             sessions["workers"] = worker_pids
-        tmpdir = tempfile.mkdtemp(prefix="trainprobe-perf-")
+        tmpdir = private_dir("trainprobe-perf-")
         procs: dict[str, tuple[subprocess.Popen, str, Any]] = {}
         argvs: dict[str, list[str]] = {}
         try:
@@ -263,7 +262,7 @@ class PerfStatProbe(Probe):
             for _p, _o, err in procs.values():
                 if not err.closed:
                     err.close()
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            remove_private_dir(tmpdir)
         # Threads that started while perf listed them: the union of both listings maps every tid.
         for p in list(tasks):
             tasks[p] = sorted(set(tasks[p]) | set(_tasks(spec.root, int(p))))

@@ -25,18 +25,17 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from typing import Any
 
 from trainprobe.probes.parsers import procfs, pystacks, redact
 from trainprobe.probes.support import sourcelines
-from trainprobe.probes.base import Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec
+from trainprobe.probes.base import (Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec, private_dir,
+                                    remove_private_dir, which)
 from trainprobe.probes.schema import PySpyEvidence
 from trainprobe.probes.errors import PermissionDenied, Unavailable
 from trainprobe.probes.support.target import can_ptrace, inspect
@@ -205,7 +204,7 @@ def pyspy_binary() -> str | None:
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(here, os.X_OK):
         return here
-    return shutil.which("py-spy")
+    return which("py-spy")
 
 
 class PySpyProbe(Probe):
@@ -266,7 +265,7 @@ class PySpyProbe(Probe):
             return self._capture_per_pid(exe, spec, rec, deadline_monotonic, plan)
         rate = int(plan["main_rate_hz"]) if plan else spec.rate_hz
         window = max(deadline_monotonic - time.monotonic(), 0.5)
-        tmpdir = tempfile.mkdtemp(prefix="trainprobe-pyspy-")
+        tmpdir = private_dir("trainprobe-pyspy-")
         out = os.path.join(tmpdir, "trace.json")
         argv = [exe, "record", "--pid", str(spec.pid), "--rate", str(rate),
                 "--duration", str(int(math.ceil(window))), "--format", "chrometrace",
@@ -288,14 +287,14 @@ class PySpyProbe(Probe):
         log.close()
         rec.add("pyspy.log", logtext[-20000:])
         if not os.path.exists(out):
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            remove_private_dir(tmpdir)
             if "Permission denied" in logtext or "Operation not permitted" in logtext:
                 raise PermissionDenied("py-spy could not read the target's memory: run trainprobe with sudo")
             last = [ln for ln in logtext.strip().splitlines() if ln.strip()]
             raise Unavailable(f"py-spy wrote no samples (exit {rc}): {last[-1] if last else 'no output'}")
         with open(out) as fh:
             text = fh.read()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        remove_private_dir(tmpdir)
         rec.add("chrometrace.json", text)
         rec.capture.meta.update({"pid": spec.pid, "rate_hz": rate, "launch_unix": launch_unix,
                                  "nonblocking": not spec.native, "argv": argv,
@@ -320,7 +319,7 @@ class PySpyProbe(Probe):
                          plan: dict[str, Any]) -> None:
         """The target at its own rate for the whole window; its workers a few at a time, each slot of
         the window for the next few, at the workers' rate. Every sampler reads one PID."""
-        tmpdir = tempfile.mkdtemp(prefix="trainprobe-pyspy-")
+        tmpdir = private_dir("trainprobe-pyspy-")
         try:
             window = max(deadline_monotonic - time.monotonic(), 0.5)
             main = _Sampler(exe, spec.pid, int(plan["main_rate_hz"]), window, tmpdir, "main", spec.native)
@@ -352,7 +351,7 @@ class PySpyProbe(Probe):
                 last = [ln for ln in logtext.strip().splitlines() if ln.strip()]
                 raise Unavailable(f"py-spy wrote no samples (exit {main.rc}): {last[-1] if last else 'no output'}")
         finally:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            remove_private_dir(tmpdir)
         rec.add("pyspy.log", main.log[-20000:])
         rec.add("chrometrace.json", main.text)
         workers = [{"pid": r.pid, "launch_unix": r.launch_unix, "seconds": round(r.seconds, 3),

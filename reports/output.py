@@ -25,7 +25,6 @@ import errno
 import io
 import os
 import re
-import secrets
 import select
 import stat
 import sys
@@ -255,7 +254,7 @@ def _write_all(fd: int, data: bytes, path: str, stall_s: float | None) -> None:
 def _replace_file(dest: _Dest, path: str, data: bytes, mode: int) -> None:
     fd, tmp = -1, ""
     for _ in range(100):
-        tmp = f".{dest.name[:40]}.{secrets.token_hex(8)}.tmp"
+        tmp = f".{dest.name[:40]}.{os.urandom(8).hex()}.tmp"   # secrets.token_hex, without importing OpenSSL
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_MODE,
                          dir_fd=dest.dir_fd)

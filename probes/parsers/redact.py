@@ -46,6 +46,24 @@ from typing import Any, Iterable
 
 MASK = "***"
 
+
+class _Lazy:
+    """A pattern compiled on its first use: most runs meet no string that needs a given rule, and
+    compiling them all is most of the module's cost to the agent's start-up (about 25 ms here)."""
+
+    __slots__ = ("_args", "_rx")
+
+    def __init__(self, pattern: str, flags: int = 0):
+        self._args = (pattern, flags)
+        self._rx: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str) -> Any:      # sub, search, match, fullmatch, finditer, pattern
+        rx = self._rx
+        if rx is None:
+            rx = self._rx = re.compile(*self._args)
+        return getattr(rx, name)
+
+
 # Credential words: matched inside longer names and in the plural, never followed by another letter
 # (so tokenizer, keyboard, author do not match). `pass` stands as a word of its own (db-pass, --pass,
 # DBPASS), so that bypass, compass and passes are not names of secrets.
@@ -162,58 +180,58 @@ _Rule = tuple[tuple[str, ...], re.Pattern[str], Any]     # (what the lowered tex
 
 @functools.lru_cache(maxsize=None)
 def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[_Rule, ...]]:
-    """The rules, compiled on first use (most runs never meet a string that needs them, and their
-    compilation is a few ms of the agent's start-up)."""
+    """The rules, each compiled on its own first use (`_Lazy`: most runs never meet a string that
+    needs them, and compiling them all is about 25 ms of the agent's start-up)."""
     i = re.IGNORECASE
     # An argv element that is only an option name (the value is the next element): --hf-token
-    opt_only = re.compile(rf"^--?(?:[A-Za-z0-9]+[-_])*?{_NAME}$", i)
+    opt_only = _Lazy(rf"^--?(?:[A-Za-z0-9]+[-_])*?{_NAME}$", i)
     # NAME=value / --name=value inside one argv element: everything after `=` is the value.
-    arg_pair = re.compile(rf"^(--?)?({_NAME})(=)(.+)$", i | re.DOTALL)
+    arg_pair = _Lazy(rf"^(--?)?({_NAME})(=)(.+)$", i | re.DOTALL)
     value = rf"(?P<v>{_QUOTED}|\\\"(?:[^\"\\\n]|\\[^\"])*\\\"|\{{[^{{}}\n]*\}}|\[[^\[\]\n]*\]|[^{_STOP}{{}}]+)"
     # Each rule with what it needs in the lowered text to match at all (or a credential word), so a
     # string runs only the rules it could meet.
     text_rules: tuple[_Rule, ...] = (
         # PEM private key blocks (a truncated one is hidden to the end)
         (("-----begin",),
-         re.compile(r"(-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----)(?!\*\*\*).*?(?:-----END \2-----|\Z)", re.DOTALL),
+         _Lazy(r"(-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----)(?!\*\*\*).*?(?:-----END \2-----|\Z)", re.DOTALL),
          r"\1***-----END \2-----"),
         # URL user-info
-        (("://",), re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@\"'<>]+(?::[^/\s@\"'<>]*)?@"), r"\1" + MASK + "@"),
+        (("://",), _Lazy(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@\"'<>]+(?::[^/\s@\"'<>]*)?@"), r"\1" + MASK + "@"),
         # sig= and sas= query parameters (Azure SAS); other credential names are caught below
-        (("sig=", "sas="), re.compile(r"([?&;](?:sig|sas)=)(?!\*\*\*)[^&#\s\"'<>]+", i), r"\1" + MASK),
+        (("sig=", "sas="), _Lazy(r"([?&;](?:sig|sas)=)(?!\*\*\*)[^&#\s\"'<>]+", i), r"\1" + MASK),
         # Authorization: <scheme> <credentials> (the scheme stays); Cookie: ..., Set-Cookie: ...
         (_NEEDS_WORD,
-         re.compile(rf"(\b(?:proxy-)?authori[sz]ation\s*+:\s*+(?:{_SCHEMES}\s++)?+)(?!\*\*\*)[^\r\n\"'<>]+", i),
+         _Lazy(rf"(\b(?:proxy-)?authori[sz]ation\s*+:\s*+(?:{_SCHEMES}\s++)?+)(?!\*\*\*)[^\r\n\"'<>]+", i),
          r"\1" + MASK),
-        (_NEEDS_WORD, re.compile(r"(\b(?:set-)?cookies?\s*+:\s*+)(?!\*\*\*)[^\r\n\"'<>]+", i), r"\1" + MASK),
+        (_NEEDS_WORD, _Lazy(r"(\b(?:set-)?cookies?\s*+:\s*+)(?!\*\*\*)[^\r\n\"'<>]+", i), r"\1" + MASK),
         # "NAME": value, 'NAME': value, \"NAME\": \"value\" (JSON, Python dicts, escaped JSON)
         (_NEEDS_WORD,
-         re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<q>\\?[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*)(?!\*\*\*)" + value, i),
+         _Lazy(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<q>\\?[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*)(?!\*\*\*)" + value, i),
          _named),
         # NAME: value (YAML, a header named like a credential: x-api-key: ...)
         (_NEEDS_WORD,
-         re.compile(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>{_NAME}):[ \t]+)(?!(?:{_SCHEMES}[ \t]+)?\*\*\*)" + value, i),
+         _Lazy(rf"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>{_NAME}):[ \t]+)(?!(?:{_SCHEMES}[ \t]+)?\*\*\*)" + value, i),
          _named),
         # NAME = "quoted", NAME=value, --name=value (the value ends at whitespace or a quote)
-        (_NEEDS_WORD, re.compile(rf"(?P<head>\b(?P<name>{_NAME})\s*=(?!=)\s*)(?!\*\*\*)" + value, i), _named),
+        (_NEEDS_WORD, _Lazy(rf"(?P<head>\b(?P<name>{_NAME})\s*=(?!=)\s*)(?!\*\*\*)" + value, i), _named),
         # --name value (an option followed by its value as the next word)
-        (_NEEDS_WORD, re.compile(rf"(?P<head>(?<![\w-])--?(?P<name>{_NAME})[ \t]+){_OPTION_AHEAD}(?!\*\*\*)"
+        (_NEEDS_WORD, _Lazy(rf"(?P<head>(?<![\w-])--?(?P<name>{_NAME})[ \t]+){_OPTION_AHEAD}(?!\*\*\*)"
                           rf"(?P<v>{_QUOTED}|[^{_STOP}]+)", i), _named),
         # -p VALUE, -pVALUE (a password in some tools; a port or a count, kept, in others)
-        (("-p",), re.compile(rf"(?P<head>(?:^|(?<=\s))-p[ \t]+){_OPTION_AHEAD}(?!\*\*\*)(?P<v>{_QUOTED}|[^{_STOP}]+)"),
+        (("-p",), _Lazy(rf"(?P<head>(?:^|(?<=\s))-p[ \t]+){_OPTION_AHEAD}(?!\*\*\*)(?P<v>{_QUOTED}|[^{_STOP}]+)"),
          _dash_p),
-        (("-p",), re.compile(rf"(?P<head>(?:^|(?<=\s))-p)(?!\*\*\*)(?P<v>[^{_STOP}\-][^{_STOP}]*)"), _glued_p),
+        (("-p",), _Lazy(rf"(?P<head>(?:^|(?<=\s))-p)(?!\*\*\*)(?P<v>[^{_STOP}\-][^{_STOP}]*)"), _glued_p),
         # Bearer <token> on its own
-        (("bearer",), re.compile(r"(\bbearer[ \t]+)(?!\*\*\*)[A-Za-z0-9._~+/=\-]{8,}", i), r"\1" + MASK),
+        (("bearer",), _Lazy(r"(\bbearer[ \t]+)(?!\*\*\*)[A-Za-z0-9._~+/=\-]{8,}", i), r"\1" + MASK),
         # Well-known token formats, anywhere
         (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-         re.compile(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}|\b(github_pat_)[A-Za-z0-9_]{20,}"),
+         _Lazy(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}|\b(github_pat_)[A-Za-z0-9_]{20,}"),
          lambda m: (m.group(1) or m.group(2)) + MASK),
-        (("hf_",), re.compile(r"\b(hf_)[A-Za-z0-9]{20,}"), r"\1" + MASK),
-        (("sk-",), re.compile(r"(?<![A-Za-z0-9_\-])(sk-)(?=[A-Za-z0-9_\-]*\d)[A-Za-z0-9_\-]{20,}"), r"\1" + MASK),
-        (("akia", "asia"), re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), r"\1" + MASK),
-        (("xox",), re.compile(r"\b(xox[abposr]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK),
-        (("eyj",), re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), "eyJ" + MASK),
+        (("hf_",), _Lazy(r"\b(hf_)[A-Za-z0-9]{20,}"), r"\1" + MASK),
+        (("sk-",), _Lazy(r"(?<![A-Za-z0-9_\-])(sk-)(?=[A-Za-z0-9_\-]*\d)[A-Za-z0-9_\-]{20,}"), r"\1" + MASK),
+        (("akia", "asia"), _Lazy(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), r"\1" + MASK),
+        (("xox",), _Lazy(r"\b(xox[abposr]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK),
+        (("eyj",), _Lazy(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), "eyJ" + MASK),
     )
     return opt_only, arg_pair, text_rules
 
@@ -224,7 +242,7 @@ def _rules() -> tuple[re.Pattern[str], re.Pattern[str], tuple[_Rule, ...]]:
 _HINTS = ("key", "token", "secret", "pass", "pwd", "auth", "credential", "cookie", "bearer", "sess", "signature",
           "://", " -p", "hf_", "sk-", "akia", "asia", "xox", "eyj", "github_pat_")
 _GH = re.compile(r"gh[pousr]_")                # GitHub's prefixes: one scan instead of five
-_MAYBE = re.compile("|".join(map(re.escape, _HINTS)) + r"|gh[pousr]_|^-p", re.IGNORECASE)
+_MAYBE = _Lazy("|".join(map(re.escape, _HINTS)) + r"|gh[pousr]_|^-p", re.IGNORECASE)
 # The only non-ASCII characters that lower() turns into ASCII, or that a case-blind regex matches
 # with an ASCII letter (U+0130 İ, U+0131 ı, U+017F ſ, U+212A Kelvin sign).
 _FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"

@@ -93,6 +93,48 @@ def test_recorder_counts_the_cpu_of_every_child_it_started():
     assert q.returncode is not None
 
 
+def test_a_spawned_child_dies_with_the_agent_and_is_named_by_its_own_command():
+    """A probe's child gets its stop signal when the agent dies (nothing stays attached), whether
+    setpriv sets it (the vfork path: no Python code between fork and exec) or the preexec_fn does;
+    its accounting and provenance name the command the probe ran, not the wrapper."""
+    import os
+    import signal
+    from trainprobe.probes import base
+    code = ("import subprocess, threading\n"
+            "from trainprobe.probes.base import Capture, Recorder\n"
+            "rec = Recorder(Capture('t'), threading.Event())\n"
+            "p = rec.spawn(['/bin/sleep', '30'], stop_signal=15, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print(p.pid, p.args[0], flush=True)\n"
+            "import os, time; time.sleep(0.5); os._exit(0)\n")   # setpriv sets the signal after its exec
+    out = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30, check=True).stdout
+    pid, argv0 = out.split()
+    assert argv0 == "/bin/sleep"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break                  # killed, waiting for init to reap it
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(int(pid), signal.SIGKILL)
+        pytest.fail("the child outlived the agent")
+    argv, kw = base._spawn_argv(["/bin/sleep", "1"], signal.SIGINT, {})
+    if base._setpriv_binary():
+        assert argv[:4] == [base._setpriv_binary(), "--pdeathsig", "SIGINT", "--"] and "preexec_fn" not in kw
+    else:
+        assert "preexec_fn" in kw
+    # A bare name (its absence must stay an OSError) and a change of user keep the preexec_fn.
+    assert "preexec_fn" in base._spawn_argv(["sleep", "1"], signal.SIGINT, {})[1]
+    assert "preexec_fn" in base._spawn_argv(["/bin/sleep", "1"], signal.SIGINT, {"user": 0})[1]
+    rec = Recorder(Capture("t"), threading.Event())
+    rec.finish(rec.spawn(["/bin/sleep", "0.1"]), grace_s=5)
+    assert list(rec.children_cost()["by_command"]) == ["sleep"]
+    assert rec.capture.provenance[-1]["what"] == "/bin/sleep 0.1"
+
+
 # -- NVML's call accounting (a stand-in pynvml at the module boundary: no GPU here) -------------
 
 class _Sample:
