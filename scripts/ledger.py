@@ -608,18 +608,32 @@ HELDOUT_GRID = {
     "handoff_k": (1.0, 1.25, 1.5, 2.0),
     "a_pin": (0.6, 0.77, 0.9, 1.0),
     "churn_m": (1.5, 2.3, 3.0),
-    "scale_a": (0.0, 0.25, 0.5, 1.0),
+    "scale_a": (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0),
     "compile_e": (0.45, 0.6, 0.8),
     "switch_us": (10.0, 30.0, 50.0),
 }
 MIN_FIT_ROWS = 2             # a constant is fitted only on at least this many rows that it moves
 
 
-def measured_rows(paths: list[Path]) -> list[dict[str, Any]]:
-    """Every measured fix of these ledger files as {case, source, finding, measured, ratios, bundle}:
-    this harness's rows (bundles under tests/data/ledger/bundles or beside the file) and any other
-    ledger written in the same shape, such as benchmarks/public_ledger.py's (a row with `bundle`
-    relative to its file, and `measured` or per-fix entries with `finding` and `measured`)."""
+def applied_knobs(row: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings that were applied and measured: what benchmarks/public_ledger.py injected
+    (`injected`; `not_applied` was not), else this harness's `fix_knobs` (all applied), else the
+    entry's printed `knobs`."""
+    for k in ("injected", "fix_knobs", "knobs"):
+        if isinstance(entry.get(k), dict) and (entry[k] or k != "injected"):
+            return dict(entry[k])
+    if isinstance(row.get("fix_knobs"), dict):
+        return dict(row["fix_knobs"])
+    return None
+
+
+def measured_rows(paths: list[Path], unreplayable: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every measured fix of these ledger files as {case, source, finding, measured, ratios, bundle,
+    knobs}: this harness's rows (bundles under tests/data/ledger/bundles or beside the file) and any
+    other ledger written in the same shape, such as benchmarks/public_ledger.py's (a row with `bundle`
+    relative to its file, and `measured` or per-fix entries with `finding` and `measured`). `knobs`
+    are the settings applied when it was measured. A measured fix without a bundle is kept with its
+    recorded step model where the row has one (`recorded`), else listed in `unreplayable` with why."""
     out = []
     for path in paths:
         led = json.loads(path.read_text())
@@ -636,32 +650,89 @@ def measured_rows(paths: list[Path]) -> list[dict[str, Any]]:
                 name = r.get("case") or r.get("job") or r.get("name")
                 cands = ([path.parent / b] if b else []) + [path.parent / "bundles" / f"{name}.tar.gz"]
                 bundle = next((c for c in cands if c.exists()), None)
+                row = {"case": name, "source": path.name, "finding": finding, "measured": float(e["measured"]),
+                       "ratios": e.get("ratios") or [], "bundle": bundle, "knobs": applied_knobs(r, e)}
                 if bundle is None:
-                    continue
-                out.append({"case": name, "source": path.name, "finding": finding,
-                            "measured": float(e["measured"]), "ratios": e.get("ratios") or [],
-                            "bundle": bundle})
+                    rec = next((f for f in r.get("findings") or [] if (f.get("id") == finding
+                                and (f.get("details") or {}).get("step_model"))), None)
+                    if rec is None:
+                        if unreplayable is not None:
+                            left = r.get("bundle_left_out")
+                            unreplayable.append({**{k: row[k] for k in ("case", "source", "finding", "measured")},
+                                                 "predicted": e.get("predicted"),
+                                                 "why": ("its bundle was left out" + (f" ({left})" if left else "")
+                                                         + " and the recorded finding carries no step model")})
+                        continue
+                    row["recorded"] = rec["details"]["step_model"]
+                out.append(row)
     return out
 
 
-def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float]]:
-    """The row's finding as the current rules give it on its bundle under the calibration `cal`
-    (a rule that stays silent: 1.0x, claimed under QUIET)."""
+_EVIDENCE: dict[str, Any] = {}
+
+
+def _evidence(bundle: Path) -> Any:
     from trainprobe.agent import bundle as bundle_mod
+    key = str(bundle)
+    if key not in _EVIDENCE:
+        _EVIDENCE[key] = bundle_mod.load(key)
+    return _EVIDENCE[key]
+
+
+def _recorded_model(rec: dict[str, Any]) -> Any:
+    """A StepModel rebuilt from a finding's recorded `details.step_model` (a run kept without its bundle)."""
+    from trainprobe.agent.combiners.step_model import StepModel
+    names = {"f_wait": "f_wait", "f_load": "f_load", "s_sync": "s_sync", "x_launch": "x_launch", "x_h2d": "x_h2d",
+             "gpu_busy": "gpu_busy", "D": "d", "U": "u", "P": "p", "P_allowed": "p_allowed", "L": "loop_cores",
+             "threads_busy": "threads_busy", "W_now": "w_now", "r_loop": "r_loop", "churn_s": "churn_s",
+             "worker_cores": "worker_cores", "pin_cores": "pin_cores", "others": "others",
+             "switch_rate": "switch_rate"}
+    kw = {v: rec[k] for k, v in names.items() if rec.get(k) is not None}
+    m = StepModel(**kw)
+    m.d_inloop, m.known_p, m.uses_cuda = not m.w_now, bool(m.p_allowed), True
+    return m
+
+
+def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float], str]:
+    """The row's finding under the calibration `cal`, evaluated at the settings that were applied and
+    measured (row["knobs"]), not at whatever the current rules would propose: dataloader.starved is
+    re-evaluated at them (its at_knobs); another finding is the current rules' on the bundle, whose
+    own fix is the one measured where the knobs agree (a rule that stays silent: 1.0x, claimed under
+    QUIET). Returns (speedup, interval, how it was evaluated)."""
     from trainprobe.agent import report as report_mod
     from trainprobe.agent.combiners import step_model
     from trainprobe.agent.diagnosis import evidence_from
+    from trainprobe.agent.rules import dataloader_starved
+    knobs = row.get("knobs")
     old = step_model.calibration()
     step_model.set_calibration(cal)
     try:
-        b = bundle_mod.load(str(row["bundle"]))
-        findings, _ = report_mod.diagnose(evidence_from(b.captures, b.context))
+        if row.get("bundle") is None:
+            m = _recorded_model(row["recorded"])
+            ch = report_mod.change_of(row["finding"], knobs or {})
+            st = m.after(ch) if ch is not None else None
+            if st is None:
+                return 1.0, (0.0, QUIET), "recorded step model: fix not covered"
+            return st.speedup, st.interval, "recorded step model at the applied knobs"
+        b = _evidence(row["bundle"])
+        ev = evidence_from(b.captures, b.context)
+        findings, _ = report_mod.diagnose(ev)
+        f = next((x for x in findings if x.id == row["finding"]), None)
+        how = "the rule's own fix"
+        if row["finding"] == "dataloader.starved" and knobs is not None:
+            g = dataloader_starved.at_knobs(evidence_from(b.captures, b.context), knobs)
+            if g is not None:
+                f, how = g, "at the applied knobs"
+        elif f is not None and knobs is not None:
+            own = report_mod.fix_knobs(f)
+            differ = {k: v for k, v in knobs.items() if k != "non_blocking" and own.get(k) != v}
+            if differ:
+                how = "the rule's own fix (applied knobs differ: " + ", ".join(f"{k}={v}" for k, v in differ.items()) + ")"
     finally:
         step_model.set_calibration(old)
-    f = next((x for x in findings if x.id == row["finding"]), None)
     if f is None:
-        return 1.0, (0.0, QUIET)
-    return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup))
+        return 1.0, (0.0, QUIET), how
+    return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup)), how
 
 
 def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
@@ -684,6 +755,7 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
         for name, values in grid.items():
             lo, mid, hi = getattr(base, name)
             table[key][name] = {v: _predict(r, replace(base, **{name: (lo, v, hi)}))[0] for v in values}
+
     out_rows = []
     for r in rows:
         fitted: dict[str, Any] = {}
@@ -700,8 +772,9 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
             fitted[name] = {"value": best, "fitted_on": [x["case"] for x in train], "prior": False}
             lo, _, hi = getattr(cal, name)
             cal = replace(cal, **{name: (lo, best, hi)})
-        pred, iv = _predict(r, cal)
-        out_rows.append({"case": r["case"], "source": r["source"], "finding": r["finding"],
+        pred, iv, how = _predict(r, cal)
+        out_rows.append({"case": r["case"], "source": r["source"], "finding": r["finding"], "evaluated": how,
+                         "knobs": r.get("knobs"),
                          "measured": r["measured"], "ratios": r["ratios"], "predicted": pred,
                          "interval": [iv[0], iv[1]], "ratio": round(pred / r["measured"], 3),
                          "in_interval": iv[0] <= r["measured"] <= iv[1],
@@ -723,16 +796,28 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
            "predicted with those values; a constant that moves fewer than two of the other jobs keeps its",
            "prior value in that fold (listed as a prior): no constant is fitted to one row. Generated by",
            f"`{command}`.", "",
-           "| job (ledger) | finding | held-out prediction | interval | measured (repetitions) | pred/meas | in interval | priors |",
-           "|---|---|---|---|---|---|---|---|"]
+           "Every row is evaluated at the settings that were applied and measured (dataloader.starved is",
+           "re-evaluated at them; another finding's own fix is the one measured), not at what the current",
+           "rules would propose.", "",
+           "| job (ledger) | finding | applied | held-out prediction | interval | measured (repetitions) | pred/meas | in interval | scale_a | priors |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         reps = ", ".join(f"{x:.2f}" for x in r["ratios"])
-        out.append(f"| {r['case']} ({r['source']}) | {r['finding']} | {r['predicted']:.2f}x | "
+        knobs = ", ".join(f"{k}={v}" for k, v in (r.get("knobs") or {}).items() if k != "non_blocking") or "-"
+        if "differ" in r.get("evaluated", ""):
+            knobs += " (the rule's own fix differs)"
+        out.append(f"| {r['case']} ({r['source']}) | {r['finding']} | {knobs} | {r['predicted']:.2f}x | "
                    f"{r['interval'][0]:.2f}-{r['interval'][1]:.2f}x | {r['measured']:.2f}x ({reps}) | {r['ratio']:.2f} | "
-                   f"{'yes' if r['in_interval'] else 'no'} | {', '.join(r['priors']) or '-'} |")
+                   f"{'yes' if r['in_interval'] else 'no'} | {r['fitted'].get('scale_a', '-')} | "
+                   f"{', '.join(r['priors']) or '-'} |")
     out += ["", f"Held out: {s['rows']} measured fixes; median |log(pred/meas)| {s['median_abs_log']}; median "
                 f"pred/meas {s['median_ratio']}; within 0.8-1.25x: {s['within_band']} of {s['rows']}; measured "
                 f"inside the interval: {s['in_interval']} of {s['rows']}.", ""]
+    for u in res.get("unreplayable") or []:
+        out.append(f"Not replayable: {u['case']} ({u['source']}), {u['finding']} measured {u['measured']:.2f}x "
+                   f"(printed {u['predicted']}x): {u['why']}.")
+    if res.get("unreplayable"):
+        out.append("")
     return "\n".join(out)
 
 
@@ -762,7 +847,9 @@ def main() -> int:
     if a.heldout is not None:
         paths = [Path(p) for p in a.heldout] or sorted((REPO / "tests" / "data" / "ledger").glob("*.json")) + \
             sorted((REPO / "tests" / "data" / "ledger" / "public").glob("*.json"))
-        res = heldout(measured_rows(paths))
+        skipped: list[dict[str, Any]] = []
+        res = heldout(measured_rows(paths, skipped))
+        res["unreplayable"] = skipped
         print(render_heldout(res, "python benchmarks/ledger.py --heldout " + " ".join(a.heldout)))
         return 0
     if a.to_tests:

@@ -23,10 +23,16 @@ The step after a fix is the largest of what stays in place:
            A_PIN after a pinning fix, times L/n' when its intra-op threads are capped at n'),
            plus f_load while the loop still loads batches itself,
     data   k D / (W e(W)): W workers each at the per-worker rate e(W) of today's (e falls as W grows
-           beside the P CPUs: memory bandwidth, decode, the main process's collation and pinning;
-           SCALE_A below, fitted held out; see docs/models.md),
-    cpu    U' / P, the CPU the job needs after the fix over the CPUs it gets,
+           beside the P CPUs: memory bandwidth, decode, the CPUs shared with the loop, the pin-memory
+           thread and the driver's threads; scale_a below, fitted held out; see docs/models.md),
+    pin    q, the pin-memory thread's CPU per step (process probe: its thread's CPU): one thread
+           unpickles and pins every batch, so the step is never shorter than its CPU per batch,
+    cpu    U' / P, the CPU the job needs after the fix over the CPUs it gets; with more workers the
+           same batches cost D / e(W) CPU-seconds (the workers' CPU per batch at the higher rate),
     gpu    b, the GPU's own busy time.
+torch.compile of an eager model also fuses its kernels, which shortens the GPU's own time and the
+loop's by an amount no host evidence predicts: the interval's top lets both fall to compile_fusion's
+optimistic value of what launch capture alone leaves (the middle estimate assumes no fusion gain).
 A thread cap (cpu.oversubscribed's fix: no more runnable threads of the job than CPUs) does not
 remove the run-queue wait as such: threads that time-share a CPU doing useful work need the same
 CPU-seconds after the cap. It shortens the loop's time only by the share sigma of the job's CPU
@@ -75,14 +81,17 @@ class Calibration:
     compile_e   share of the launch-bound GPU idle that torch.compile(mode="reduce-overhead") removes
     switch_us   cost of one involuntary context switch of a busy intra-op thread, in microseconds of
                 its CPU (the cap's waste sigma, see the module docstring)
+    compile_fusion  the loop's and the GPU's time after torch.compile of an eager model, over what
+                launch capture alone leaves (kernel fusion): a prior for the interval, not fitted
     """
     handoff_k: tuple[float, float, float] = (1.0, 1.5, 2.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
     a_pin: tuple[float, float, float] = (0.6, 0.77, 1.0)
     churn_m: tuple[float, float, float] = (3.0, 2.3, 1.0)
-    scale_a: tuple[float, float, float] = (0.0, 0.25, 2.0)
+    scale_a: tuple[float, float, float] = (0.0, 0.5, 2.0)
     compile_e: tuple[float, float, float] = (0.80, 0.60, 0.45)
     switch_us: tuple[float, float, float] = (60.0, 30.0, 0.0)
+    compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
 
 
 CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
@@ -90,6 +99,7 @@ SAMPLE_Z = 2.0                # sampling error of a share in the interval: this 
 CROWDED_RUNQ = 0.05           # the loop waits for a CPU at least this share: count only the CPUs it gets
 BUSY = 0.10                   # a thread on a CPU (or waiting for one) at least this share is busy
 PIN_THREAD = ("pin", "pt_data_pin")
+PIN_MEMORY_THREAD = "pt_data_pin"   # torch's name for the DataLoader's pin-memory thread
 # torch's autograd device threads (one per GPU) wait on the GPU: not intra-op threads on a CPU.
 DEVICE_THREAD = ("pt_autograd",)
 SCENARIOS = ("lo", "mid", "hi")   # lo: the shortest step (highest speedup); hi: the longest
@@ -116,6 +126,7 @@ class Change:
     persistent: bool = False              # re-created workers kept alive across epochs
     sync_removed: bool = False            # no host-device sync per step
     launch_captured: bool = False         # the step's kernels replayed from CUDA graphs
+    fusion: bool = False                  # an eager model compiled: its kernels may fuse as well
     h2d_removed: bool = False             # the copy to the GPU off the loop's path
     runq_removed: bool = False            # no more runnable threads of the job than CPUs
     sample_cost: float = 1.0              # each sample's CPU cost scaled by this
@@ -166,6 +177,7 @@ BINDING_WORDS = {
     "loop": "the loop's own work", "data": "the DataLoader workers' pace", "cpu": "the CPUs the job gets",
     "gpu": "the GPU's busy time", "loading": "the loop's own loading and compute",
     "oversubscribed": "threads waiting for CPUs (more busy threads than CPUs)",
+    "pin": "the pin-memory thread's CPU per batch",
 }
 
 
@@ -196,6 +208,7 @@ class StepModel:
     ranks: int = 1
     p_source: str = ""
     worker_cores: float = 0.0          # cores the DataLoader workers used
+    pin_cores: float = 0.0             # CPU-s per step of the pin-memory thread(s) (0: none seen)
     others: float | None = None        # cores other processes took on the job's CPUs (measured), else None
     switch_rate: float = 0.0           # involuntary switches per second per held core of the busy team
     openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
@@ -243,6 +256,11 @@ class StepModel:
             f *= 1.0 + CAP_SHARED_LOSS
         return f
 
+    def efficiency(self, w: int, sc: str, cal: Calibration) -> float:
+        """e(W): each worker's rate at W workers over today's, 1 / (1 + a max(0, W - max(W_now, 1)) / P)."""
+        a = cal.scale_a[SCENARIOS.index(sc)]
+        return 1.0 / (1.0 + a * max(0, w - max(self.w_now, 1)) / max(self.p, 1.0))
+
     # -- the step after a change -----------------------------------------------------------------
 
     def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:
@@ -267,6 +285,8 @@ class StepModel:
             loop -= self.s_sync
         if ch.launch_captured:
             loop -= cal.compile_e[i] * self.x_launch
+        fuse = cal.compile_fusion[i] if (ch.launch_captured and ch.fusion) else 1.0
+        loop *= fuse
         if ch.h2d_removed:
             loop -= self.x_h2d
         if ch.pin_memory and self.uses_cuda and not self.d_inloop:
@@ -290,9 +310,14 @@ class StepModel:
             # gain is bounded by the loop's remaining work, never hyperbolic in s.
             loop -= min((cal.churn_m[i] - 1.0) * self.churn_s, CHURN_CAP * loop)
         d = self.d * ch.sample_cost
+        if sc == "hi" and self.recreated and self.w_now and w > self.w_now:
+            # Workers re-created in the window lived between the process probe's readings: their CPU is
+            # a lower bound. At most each of today's workers was busy the whole step (D <= W_now).
+            d = max(d, float(self.w_now) * ch.sample_cost)
         k = cal.handoff_k[i] / CAL_MID_K if self.d_inloop else 1.0
         terms: dict[str, float] = {}
         workers_same = (w == self.w_now and ch.sample_cost == 1.0)
+        eff = self.efficiency(w, sc, cal)
         if w <= 0:
             # The loop still loads its own batches: loading and compute add up.
             terms["loading"] = loop + self.f_load * ch.sample_cost + self.f_wait
@@ -301,14 +326,19 @@ class StepModel:
             terms["loop"] = loop + max(self.f_wait - self.churn_s, 0.0)
         else:
             terms["loop"] = loop
-            eff = 1.0 / (1.0 + cal.scale_a[i] * max(0, w - max(self.w_now, 1)) / max(self.p, 1.0))
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
+            if self.pin_cores > 0 and not self.d_inloop:
+                # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
+                terms["pin"] = self.pin_cores
         if self.p > 0 and not ch.runq_removed:
             # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
             if self.d_inloop and w > 0:
-                u = self.u - self.f_load + k * d
+                u = self.u - self.f_load + k * d / eff
             else:
                 u = self.u - (1.0 - ch.sample_cost) * min(self.d, self.u)
+                if w > self.w_now and self.worker_cores > 0:
+                    # The workers' CPU per batch at the higher rate: the same batches cost 1/e as much.
+                    u += self.worker_cores * ch.sample_cost * (1.0 / eff - 1.0)
             u = max(u - ch.gil_freed_cores, 0.0)
             # Other processes off its CPUs: the job counts on all it may use.
             p = self.p_allowed if (ch.others_removed is not None and self.p_allowed) else self.p
@@ -316,7 +346,7 @@ class StepModel:
             # time-sharing them) is held to today's ratio, not counted slower than it is.
             terms["cpu"] = (u / p) / max(1.0, self.u / p)
         if self.gpu_busy is not None:
-            terms["gpu"] = self.gpu_busy
+            terms["gpu"] = self.gpu_busy * fuse
         over = False
         if self.p_allowed and w > 0 and w > self.w_now and (n + w) > self.p_allowed + 1e-6 and n > 1:
             # More busy threads than CPUs: a parallel region waits for its slowest thread, which shares
@@ -367,7 +397,7 @@ class StepModel:
              "U": round(self.u, 4), "P": round(self.p, 3), "P_allowed": self.p_allowed,
              "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
              "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
-             "worker_cores": round(self.worker_cores, 3),
+             "worker_cores": round(self.worker_cores, 3), "pin_cores": round(self.pin_cores, 4),
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
@@ -521,6 +551,8 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     # Cores the loop uses while it computes: its threads' CPU (not the pin-memory thread's) less the
     # loading it does itself, over the time it computes; never more than its busy threads or the CPUs.
     team_cores, busy = _loop_thread_cores(me)
+    m.pin_cores = sum(float(t.get("cpu_fraction") or 0.0) for t in me.get("threads") or []
+                      if (t.get("name") or "").startswith(PIN_MEMORY_THREAD) or "pin_memory" in (t.get("name") or ""))
     m.threads_busy = busy
     m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
     churn = proc.get("worker_churn", {}) or {}

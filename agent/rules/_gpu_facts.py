@@ -68,6 +68,9 @@ def compiled_model(spy: dict[str, Any]) -> dict[str, Any]:
     """{'compiled': bool, 'cudagraphs': bool, 'frame': an example frame}: whether the training thread
     runs a torch.compile'd model, and whether its graphs replay from CUDA graphs (py-spy's frames)."""
     frames = _frames(spy)
-    comp = next((fr for fr in frames if any(m in fr for m in COMPILED_MARKS)), None)
+    # torch.optim wraps an eager optimizer's step in torch._dynamo.disable: its DisableContext frame
+    # (eval_frame.py) is no sign of a compiled model (nanoGPT --compile=False shows it every step).
+    comp = next((fr for fr in frames if any(m in fr for m in COMPILED_MARKS)
+                 and not fr.startswith("DisableContext.")), None)
     graphs = next((fr for fr in frames if any(m in fr for m in CUDAGRAPH_MARKS)), None)
     return {"compiled": bool(comp or graphs), "cudagraphs": bool(graphs), "frame": graphs or comp}

@@ -225,9 +225,11 @@ def _settings_bound(lp: Loop, m: dict[str, Any], w_prop: int, cpu_note: str, pin
             + f"; C +/- {c_err:.2f} (py-spy sampling error); an estimate")
 
 
-def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact], recreated: bool) -> Plan:
+def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact], recreated: bool,
+                   force: dict[str, Any] | None = None) -> Plan:
     """More workers, persistent workers or deeper prefetch where they fit the CPUs; else the CPUs
-    are the limit and the plan is a cheaper sample."""
+    are the limit and the plan is a cheaper sample. `force`: the DataLoader settings to evaluate
+    instead of the ones the rule would choose (at_knobs: a fix that was applied and measured)."""
     spy = ev.get("pyspy") or {}
     rest = m["loop"] if m["known_p"] else 0.0
     w_cap = max_workers(m["p"], rest)
@@ -237,6 +239,8 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     # A CUDA job that copies from pageable memory gets pin_memory=True with the fix: its loop sheds
     # part of its own time too (A_PIN, fitted to the GPU ledger).
     pin_fix = bool(m["uses_cuda"] and not pinned_now and not m["d_inloop"])
+    if force is not None:
+        pin_fix = pin_fix and bool(force.get("pin_memory"))
     a = A_PIN if pin_fix else (1.0, 1.0, 1.0)
     # f is a share of py-spy samples: C carries its sampling error (SAMPLE_Z standard errors).
     n_samples = max(1.0, float(lp.tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0))
@@ -252,8 +256,13 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
                           lp.workers.get("busy_fraction")))
     if m["pids_seen"] > w_now:
         facts.append(Fact("process", f"worker PIDs seen over the window ({w_now} alive at once)", m["pids_seen"]))
+    if force is not None:
+        w_best = int(force.get("num_workers", w_now))
+        recreated = recreated and bool(force.get("persistent_workers"))
     more = w_best > w_now
     settings_help = more or recreated or (bursty and w_now)
+    if force is not None and "sample_cost_factor" in force:
+        settings_help = False
     if not settings_help:
         plan = _cpu_limited_plan(lp, m, cpu_note)
         plan.w_cap, plan.pinned_now = w_cap, pinned_now
@@ -393,6 +402,17 @@ def _starved_loop(ev: Evidence) -> Loop | None:
 @rule("dataloader.starved", requires=("pyspy",), uses=("process", "gpu"),
       description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
 def dataloader_starved(ev: Evidence) -> Finding | None:
+    return _finding(ev)
+
+
+def at_knobs(ev: Evidence, knobs: dict[str, Any]) -> Finding | None:
+    """The finding as this rule gives it, evaluated at these DataLoader settings (num_workers,
+    pin_memory, persistent_workers, sample_cost_factor) instead of the ones it would propose: the
+    validation ledger's measured fixes were applied with the settings printed when they were run."""
+    return _finding(ev, dict(knobs))
+
+
+def _finding(ev: Evidence, force: dict[str, Any] | None = None) -> Finding | None:
     lp = _starved_loop(ev)
     if lp is None:
         return None
@@ -406,7 +426,7 @@ def dataloader_starved(ev: Evidence) -> Finding | None:
     gpu_fact = _gpu_idle_fact(ev, lp)
     if gpu_fact is not None:
         facts.append(gpu_fact)
-    plan = _settings_plan(ev, lp, m, facts, recreated)
+    plan = _settings_plan(ev, lp, m, facts, recreated, force)
     if not _with_gpu_side(ev, plan):
         return None
     _widen(plan, recreated)

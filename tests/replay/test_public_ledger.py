@@ -76,28 +76,28 @@ def test_a_known_cause_is_found(row):
 
 
 def measured_rows():
-    out = []
-    for p in ROWS:
-        r = p.values[0]
-        e = next((e for e in r.get("applied") or [] if e["variant"] == "top" and e.get("status") == "measured"), None)
-        if e:
-            out.append((r, e))
-    return out
+    """Every measured fix of the public ledgers, with the settings applied when it was measured."""
+    from scripts.ledger import measured_rows as ledger_rows
+    return ledger_rows(sorted(PUBLIC.glob("public-ledger-*.json")))
 
 
-@pytest.mark.xfail(reason="issue 'One step model': the targets (pred/meas within 0.8-1.25 in 90% of rows, "
-                          "median |log| <= 0.10, median ratio 0.95-1.05, intervals covering 90%) are not met "
-                          "yet on public code", strict=False)
+@pytest.mark.xfail(reason="the targets (pred/meas within 0.8-1.25 in 90% of rows, median |log| <= 0.10, median "
+                          "ratio 0.95-1.05, intervals covering 90%) are not met on public code: a worker count "
+                          "raised from 2 to 15 on 16 CPUs measured 2.7x on a JPEG pipeline and 4.7x on FakeData, and "
+                          "compiling an eager GPT gains kernel fusion no host evidence predicts (docs/ledger.md)",
+                   strict=False)
 def test_accuracy_targets_on_public_code():
+    """The current rules at the settings that were applied and measured (not at what they would
+    propose today), with the step model's calibration as it ships."""
+    from trainprobe.agent.combiners import step_model
+    from scripts.ledger import _predict
     ms = measured_rows()
     assert len(ms) >= 5, f"{len(ms)} measured rows"
-    # the current rules' estimate on the saved evidence against the measured speedup
     ratios, covered = [], 0
-    for r, e in ms:
-        f = next((f for f in replay(r)["findings"] if f["id"] == e["finding"]), None)
-        est, (lo, hi) = (f["expected_speedup"], f["expected_speedup_interval"]) if f else (1.0, (0.0, 1.1))
-        ratios.append(est / e["measured"])
-        covered += lo <= e["measured"] <= hi
+    for r in ms:
+        est, (lo, hi), _ = _predict(r, step_model.calibration())
+        ratios.append(est / r["measured"])
+        covered += lo <= r["measured"] <= hi
     assert sum(0.8 <= x <= 1.25 for x in ratios) >= 0.9 * len(ratios), ratios
     assert statistics.median(abs(math.log(x)) for x in ratios) <= 0.10, ratios
     assert 0.95 <= statistics.median(ratios) <= 1.05, ratios
