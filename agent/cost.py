@@ -34,6 +34,14 @@ AGENT_RSS_MB = 30.0
 # runs it anyway.
 MAX_MINIMUM_OVER_BUDGET = 4.0
 MAX_MINIMUM_CORES = 0.5
+# A VM's speed moves the whole tree's CPU: the same start-up took 0.065 and 0.17 CPU-s hours apart on
+# the 2-CPU VM, and py-spy's cost moved with it. The models below and in each probe are the costs at
+# the speed where the CLI's own start-up (interpreter, click, the command's imports, up to the
+# diagnose command: `note_startup`) takes AGENT_START_NOMINAL_CPU_S; a CLI whose start-up took longer
+# scales every figure of its plan by that ratio (SPEED_MAX at most), so the plan tracks the machine at
+# that moment. A faster start-up does not lower them (the figures are the budget's guard).
+AGENT_START_NOMINAL_CPU_S = 0.10
+SPEED_MAX = 3.0
 # The models' spread between runs is about +-15% (contention, the target's stacks): adjustable
 # probes are planned against this share of the budget, so the measured tree stays within it.
 PLAN_MARGIN = 0.85
@@ -68,6 +76,33 @@ def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:
                    f"would be {share:.2f} CPU-s)")
 
 
+_startup_cpu_s: list[float] = []
+
+
+def note_startup() -> None:
+    """Record this process's CPU so far (the CLI's start-up), once: the diagnose command calls it
+    first thing. A process that never calls it (tests, the library) plans at the models' speed."""
+    if not _startup_cpu_s:
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        _startup_cpu_s.append(s.ru_utime + s.ru_stime)
+
+
+def machine_speed() -> tuple[float, str]:
+    """How much slower than the models this machine runs the agent now, from the CLI's start-up."""
+    if not _startup_cpu_s:
+        return 1.0, "the models as measured (start-up not measured in this process)"
+    took = _startup_cpu_s[0]
+    f = min(SPEED_MAX, max(1.0, took / AGENT_START_NOMINAL_CPU_S))
+    return f, (f"the CLI's start-up took {took:.3f} CPU-s against the models' {AGENT_START_NOMINAL_CPU_S:g}: "
+               f"every figure x{f:.2f}")
+
+
+def _scaled(c: ProbeCost, speed: float) -> ProbeCost:
+    if speed == 1.0:
+        return c
+    return ProbeCost(c.cpu_s * speed, c.rss_mb, f"{c.basis}; x{speed:.2f} for this machine's speed")
+
+
 @dataclass
 class Plan:
     budget_cpu_s: float
@@ -77,10 +112,12 @@ class Plan:
     probes: dict[str, ProbeCost] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     over_budget: str | None = None
+    speed: float = 1.0
+    speed_basis: str = ""
 
     @property
     def agent_cpu_s(self) -> float:
-        return AGENT_FIXED_CPU_S + AGENT_PER_PROCESS_CPU_S * max(0, len(self.job.processes) - 1)
+        return self.speed * (AGENT_FIXED_CPU_S + AGENT_PER_PROCESS_CPU_S * max(0, len(self.job.processes) - 1))
 
     @property
     def planned_cpu_s(self) -> float:
@@ -98,18 +135,21 @@ class Plan:
             "planned_cpu_seconds": round(self.planned_cpu_s, 3), "planned_rss_mb": round(self.planned_rss_mb, 1),
             "agent_cpu_seconds": round(self.agent_cpu_s, 3),
             "probes": {k: v.to_dict() for k, v in self.probes.items()}, "skipped": dict(self.skipped),
-            "over_budget": self.over_budget,
+            "over_budget": self.over_budget, "speed_factor": round(self.speed, 3), "speed_basis": self.speed_basis,
         }
 
 
-def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = True) -> Plan:
+def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = True,
+         speed: tuple[float, str] | None = None) -> Plan:
     """Fixed-cost probes first, then the adjustable ones (by priority) share what is left.
 
     With `enforce` False (an explicit --rate, or --probes) the probes keep their settings and the
-    plan only states what they are expected to cost.
+    plan only states what they are expected to cost. Every figure is scaled by `speed` (default
+    `machine_speed()`): an adjustable probe is fitted to its share divided by it.
     """
     total, basis = budget_cpu_s(job, spec.window_s)
-    p = Plan(total, basis, BUDGET_RSS_MB, job)
+    sp, sp_basis = speed if speed is not None else machine_speed()
+    p = Plan(total, basis, BUDGET_RSS_MB, job, speed=sp, speed_basis=sp_basis)
     if enforce:
         for pr in probes:
             why = pr.adds_nothing(spec, job)
@@ -118,33 +158,34 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         probes = [pr for pr in probes if pr.name not in p.skipped]
     fixed = [pr for pr in probes if not pr.adjustable]
     for pr in fixed:
-        p.probes[pr.name] = pr.estimate_cost(spec, job)
+        p.probes[pr.name] = _scaled(pr.estimate_cost(spec, job), sp)
     left = PLAN_MARGIN * total - p.planned_cpu_s
     adjustable = sorted((pr for pr in probes if pr.adjustable), key=lambda pr: pr.budget_priority)
     for i, pr in enumerate(adjustable):
         if not enforce:
-            p.probes[pr.name] = pr.estimate_cost(spec, job)
+            p.probes[pr.name] = _scaled(pr.estimate_cost(spec, job), sp)
             continue
         # Each adjustable probe may take what is left, less a minimum kept for those after it.
         reserve = sum(getattr(q, "min_cost_cpu_s", 0.0) for q in adjustable[i + 1:])
-        cost = pr.fit_budget(spec, job, max(0.0, left - reserve))
+        cost = pr.fit_budget(spec, job, max(0.0, left - reserve * sp) / sp)
         if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so,
             # unless that minimum is out of all proportion to the budget (a process of many threads).
-            least = pr.min_cost(spec.window_s, job.threads)
+            least = pr.min_cost(spec.window_s, job.threads) * sp
             if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
                 p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
                                       f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "
                                       f"({total:.2f} CPU-s: {basis}); `--rate N` runs it anyway")
                 continue
-            cost = pr.fit_budget(spec, job, least)
+            cost = pr.fit_budget(spec, job, least / sp)
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:
             p.skipped[pr.name] = (f"does not fit the agent's CPU budget ({total:.2f} CPU-s: {basis}); "
                                   f"{max(0.0, left):.2f} CPU-s were left for it")
             continue
+        cost = _scaled(cost, sp)
         if cost.cpu_s > max(0.0, left) + 1e-6 and not p.over_budget:
             p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         p.probes[pr.name] = cost

@@ -163,7 +163,8 @@ def summarize(name: str, window: float, attached: list[dict[str, Any]], full: li
         "top_reduced": top_r, "top_full": top_f, "speedup_reduced": sp_r, "speedup_full": sp_f,
         "speedup_rel_diff": round(sp_r / sp_f - 1, 4) if sp_r and sp_f else None,
         "full_tree_cpu_s": [f["tree_cpu_s"] for f in fok], "full_tree_peak_rss_mb": [f["tree_peak_rss_mb"] for f in fok],
-        "sampling": ok[0]["sampling"] if ok else None, "attached": attached, "full": full,
+        "sampling": ok[0]["sampling"] if ok else None, "model_check": model_check(attached),
+        "attached": attached, "full": full,
     }
 
 
@@ -180,6 +181,90 @@ def _ci95(xs: list[float]) -> list[float] | None:
     m, sd = statistics.fmean(xs), statistics.stdev(xs)
     h = _T95.get(len(xs) - 1, 1.96) * sd / len(xs) ** 0.5
     return [round(m - h, 4), round(m + h, 4)]
+
+
+# -- the cost model against the measured tree -------------------------------------------------------
+
+MODEL_TOLERANCE = 0.30       # |measured - planned| over planned, beyond which the benchmark fails
+MODEL_ABS_FLOOR_CPU_S = 0.02  # differences smaller than this are noise, whatever the ratio (small parts)
+
+
+def model_parts(window: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """One attached window: {part: (planned CPU-s, measured CPU-s)} for the tree, the agent's own
+    part (the tree less every probe) and each probe the plan costed (its thread, its children and
+    the parse of its capture)."""
+    plan = window.get("plan") or {}
+    by_probe = window.get("by_probe") or {}
+    out: dict[str, tuple[float, float]] = {}
+    probes_measured = 0.0
+    for name, pc in (plan.get("probes") or {}).items():
+        b = by_probe.get(name) or {}
+        m = (b.get("thread_cpu_seconds") or 0.0) + (b.get("children_cpu_seconds") or 0.0) + (b.get("parse_cpu_seconds") or 0.0)
+        probes_measured += m
+        out[name] = (float(pc.get("cpu_seconds") or 0.0), m)
+    out["agent (the tree less its probes)"] = (float(plan.get("agent_cpu_seconds") or 0.0),
+                                              window["tree_cpu_s"] - probes_measured)
+    out["tree"] = (float(plan.get("planned_cpu_seconds") or 0.0), window["tree_cpu_s"])
+    return out
+
+
+def model_check(attached: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plan's estimate against the measured tree, part by part, medians over the windows; a part
+    fails when they differ by more than MODEL_TOLERANCE of the estimate (and MODEL_ABS_FLOOR_CPU_S)."""
+    ok = [a for a in attached if a.get("ok") and a.get("plan")]
+    rows: dict[str, dict[str, Any]] = {}
+    for a in ok:
+        for part, (pl, me) in model_parts(a).items():
+            r = rows.setdefault(part, {"planned": [], "measured": []})
+            r["planned"].append(pl)
+            r["measured"].append(me)
+    failures = []
+    for part, r in rows.items():
+        pl, me = statistics.median(r["planned"]), statistics.median(r["measured"])
+        r.update(planned_median=round(pl, 4), measured_median=round(me, 4),
+                 measured_range=[round(min(r["measured"]), 4), round(max(r["measured"]), 4)],
+                 ratio=round(me / pl, 3) if pl > 0 else None)
+        off = abs(me - pl)
+        r["fails"] = off > MODEL_TOLERANCE * pl and off > MODEL_ABS_FLOOR_CPU_S
+        if r["fails"]:
+            failures.append(f"{part}: planned {pl:.3f} CPU-s, measured {me:.3f} (median of {len(r['measured'])} windows, "
+                            f"{100 * (me / pl - 1) if pl > 0 else float('inf'):+.0f}%)")
+    speed = [a["plan"].get("speed_factor") for a in ok if a["plan"].get("speed_factor")]
+    refs = [a.get("reference_cpu_s") for a in ok if a.get("reference_cpu_s")]
+    return {"windows": len(ok), "tolerance": MODEL_TOLERANCE, "parts": rows, "failures": failures,
+            "plan_speed_factor_median": round(statistics.median(speed), 3) if speed else None,
+            "reference_cpu_s_median": round(statistics.median(refs), 4) if refs else None}
+
+
+def model_table(name: str, check: dict[str, Any]) -> str:
+    lines = [f"cost model vs measured, {name} ({check['windows']} windows; the plan's speed factor "
+             f"{check.get('plan_speed_factor_median')}, the reference task {check.get('reference_cpu_s_median')} CPU-s):",
+             f"  {'part':<36} {'planned':>8} {'measured':>9} {'(range)':>15} {'ratio':>6}"]
+    order = sorted(check["parts"], key=lambda k: (k == "tree", k.startswith("agent"), -check["parts"][k]["planned_median"]))
+    for part in order:
+        r = check["parts"][part]
+        rng = f"{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}"
+        lines.append(f"  {part:<36} {r['planned_median']:>8.3f} {r['measured_median']:>9.3f} {rng:>15} "
+                     f"{r['ratio'] if r['ratio'] is not None else '-':>6}" + ("  FAIL" if r["fails"] else ""))
+    return "\n".join(lines)
+
+
+def report_model_checks(results: list[dict[str, Any]]) -> int:
+    """Print every case's model table; 0 when the plan's estimate held, else 1 with one line per part."""
+    bad = []
+    for r in results:
+        chk = r.get("model_check")
+        if not chk:
+            continue
+        print(model_table(r["case"], chk))
+        bad += [f"{r['case']}: {f}" for f in chk["failures"]]
+    if bad:
+        print(f"\nCOST MODEL CHECK FAILED: the plan's estimate (agent/cost.py and each probe's model) and the "
+              f"measured agent tree differ by more than {100 * MODEL_TOLERANCE:.0f}%:", file=sys.stderr)
+        for b in bad:
+            print(f"  {b}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def med_or_none(xs: Any) -> float | None:

@@ -2,6 +2,11 @@
 workload), alternating untouched and attached windows, the agent tree's rusage and RSS, and the top
 finding at the planned (reduced) sampling against full sampling. See docs/cost.md.
 
+It fails (exit 1, one line per part) when the plan's estimate of a window (agent/cost.py and each
+probe's cost model) and the measured tree differ by more than 30%: the tree, the agent's own part
+and each probe, medians over the attached windows. `--full-runs 0 --pairs 5 --cases 0` checks the
+model alone (about 2 minutes).
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_cost.py --out out/cost [--cases 0,1,4,8]
         [--pairs 5] [--window 10] [--full-runs 2]
 """
@@ -14,7 +19,7 @@ import time
 from pathlib import Path
 
 from _common import Workload
-from _cost_bench import run_case, summary_line
+from _cost_bench import report_model_checks, run_case, summary_line
 
 
 def main() -> int:
@@ -43,7 +48,8 @@ def main() -> int:
     print(f"\n{a.pairs} alternating pairs of {a.window:g} s windows per case; results in {out / 'cpu_cost.json'}")
     for r in results:
         print(summary_line(r))
-    return 0
+    print()
+    return report_model_checks(results)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, window
             slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
             with_captures: bool = False, node_timeout: float | None = None) -> None:
     """Attach to a running training process and explain what holds its step back."""
+    from trainprobe.agent import cost
+    cost.note_startup()            # this machine's speed now, for the plan (agent/cost.py)
     from trainprobe.agent import diagnosis
     from trainprobe.agent.commands.report import check_outputs, write_outputs
     from trainprobe.probes.registry import probe_names
