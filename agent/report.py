@@ -2,6 +2,8 @@
 the renderers in reports/ are views of the same dict."""
 from __future__ import annotations
 
+import math
+
 import os
 import platform
 import socket
@@ -151,10 +153,21 @@ def plan(ev: Evidence, findings: list[Finding]) -> dict[str, Any] | None:
     lo, hi = best.interval
     names = [f.id for f, _, _ in chosen]
     words = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    return {"findings": names, "knobs": knobs, "expected_speedup": round(best.speedup, 2),
-            "interval": [round(min(lo, best.speedup), 2), round(max(hi, best.speedup), 2)],
+    derivation = sm.derivation(f"with {words} together", best)
+    speedup = best.speedup
+    # Fixes that remove separate parts of the step gain at most the product of their own gains: a
+    # joint step shorter than that counts one part of today's step twice (e.g. a wait two findings
+    # each explain), so the plan is held to the product.
+    most = math.prod(max(f.expected_speedup, 1.0) for f, _, _ in chosen)
+    most_hi = math.prod(max((f.interval or (f.expected_speedup, f.expected_speedup))[1], 1.0) for f, _, _ in chosen)
+    if speedup > most:
+        derivation += f"; held to {most:.2f}x, the product of the findings' own gains"
+        speedup = most
+    hi = min(max(hi, speedup), max(most_hi, speedup))
+    return {"findings": names, "knobs": knobs, "expected_speedup": round(speedup, 2),
+            "interval": [round(min(lo, speedup), 2), round(hi, 2)],
             "binding": best.binding, "binding_words": step_model.BINDING_WORDS.get(best.binding, best.binding),
-            "derivation": sm.derivation(f"with {words} together", best),
+            "derivation": derivation,
             "details": sm.details(best)}
 
 

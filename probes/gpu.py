@@ -168,6 +168,7 @@ class _Capturer:
             g["counters_start"] = self._counters(g, h)
             self.gpus.append(g)
         maps_cuda = self._target_maps_cuda()
+        gpu_devices = self._target_gpu_devices()
         started = _us()
         last_lists = last_samples = 0.0
         polls = 0
@@ -201,7 +202,8 @@ class _Capturer:
                 g["counters_end"] = self._counters(g, h)
         return {
             "format": FORMAT, "pid": self.spec.pid, "watched_pids": sorted(self.watched),
-            "target_maps_cuda": maps_cuda, "started_unix_us": started, "ended_unix_us": _us(),
+            "target_maps_cuda": maps_cuda, "target_gpu_devices": gpu_devices,
+            "started_unix_us": started, "ended_unix_us": _us(),
             "poll_interval_s": poll_s, "system": system, "gpus": self.gpus, "errors": self.errors,
         }
 
@@ -251,6 +253,26 @@ class _Capturer:
             return int(text.strip())
         except ValueError:
             return None
+
+    def _target_gpu_devices(self) -> list[str] | None:
+        """The NVIDIA device files (/dev/nvidia0, nvidiactl, nvidia-uvm) the target holds open: a CUDA
+        context opens them, while a CUDA build of torch maps libcudart whether or not it uses a GPU.
+        None when the fd table cannot be read (another user's process without ptrace access)."""
+        base = procfs.path(self.spec.root, f"proc/{self.spec.pid}/fd")
+        try:
+            names = os.listdir(base)[:4096]
+        except OSError:
+            return None
+        out = set()
+        for n in names:
+            try:
+                link = os.readlink(os.path.join(base, n))
+            except OSError:
+                continue
+            if link.startswith("/dev/nvidia"):
+                out.add(link)
+        self.rec.note("file", base, 0, time.time(), 0.0)
+        return sorted(out)
 
     def _target_maps_cuda(self) -> list[str]:
         """The CUDA libraries the target has mapped: says whether it uses a GPU at all."""
@@ -614,9 +636,15 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         uses_of[idx] = set(pids)
     target_gpus = sorted(i for i, pids in uses_of.items() if pids & target_pids)
     maps_cuda = d.get("target_maps_cuda")
+    devices = d.get("target_gpu_devices")       # None: not read (older capture, or not permitted)
     how = "the target's PIDs in NVML's process lists" if target_gpus else None
     if not target_gpus:
-        if maps_cuda and len(gpus) == 1:
+        if maps_cuda and devices is not None and not any(x[len("/dev/nvidia"):][:1].isdigit() for x in devices):
+            # A CUDA build of torch maps libcudart in every process that imports it; a process that
+            # computes on a GPU holds /dev/nvidiaN open. None open: it used no GPU in this window.
+            notes.append(f"PID {main_pid} has CUDA libraries loaded but no GPU device open "
+                         "(no /dev/nvidiaN among its files): it does not use a GPU, so no GPU time is attributed")
+        elif maps_cuda and len(gpus) == 1:
             target_gpus = [gpus[0]["index"]]
             how = "assumed: the only GPU, and the target has CUDA loaded"
             notes.append(f"PID {main_pid} is in no NVML process list (another PID namespace, e.g. a container?); "
