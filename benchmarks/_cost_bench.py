@@ -91,6 +91,7 @@ def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
     return {"ok": True, "t0": t0, "t1": t1, "tree_cpu_s": round(tree, 3), "tree_peak_rss_mb": round(peak[0], 1),
             "reported_cpu_s": ov.get("agent_cpu_seconds"), "reported_rss_mb": ov.get("agent_max_rss_mb"),
             "window_s": (rep.get("window") or {}).get("seconds"),
+            "window_start_unix": (rep.get("window") or {}).get("start_unix"),
             "top": top.get("id"), "top_speedup": top.get("expected_speedup"),
             "findings": [(f["id"], f.get("expected_speedup")) for f in rep.get("findings") or []][:4],
             "sampling": rep.get("sampling"), "plan": ov.get("plan"), "by_probe": ov.get("by_probe"),

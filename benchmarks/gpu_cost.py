@@ -9,28 +9,50 @@ Each case: start the job, wait for its steps/s to settle, then `--pairs` alterna
 (untouched window, `trainprobe diagnose` window with default planned sampling), then `--full-runs`
 windows at full sampling (`--rate 25`: one py-spy over every process). Prints one summary line per
 case; gpu_cost.json has every window. py-spy must be installed (a wheel carried to the node).
+
+`--design paired` resolves an effect of about 1% on a job whose own speed swings several percent
+between windows: short windows, interleaved D A D B D A ... (D untouched; A, B the attached arms:
+`diagnose` with each `--arms` entry's arguments) until `--time-budget` is spent. Each attached
+window's steps/s (from the job's own PROGRESS log, over exactly the window the report gives) is
+divided by the mean of the two untouched windows beside it, which cancels the job's linear drift;
+the paired statistic is the mean of log(ratio) over the attached windows of an arm, with its 95%
+Student-t interval, given as a ratio (exp). Beside the rate, every window records the training
+thread's CPU, run-queue wait and context switches per step and the process's page faults per step
+(/proc, read at the window's edges), so an effect can be told apart: CPU taken from the loop (run
+queue), the loop waiting on something the agent holds (page-table lock behind py-spy's
+process_vm_readv, the driver behind NVML: voluntary switches, wall per step without more CPU), or
+the job itself. One summary file (gpu_paired.json) and one line per arm; the cost-model check of
+bench_cost.py on the attached windows; exit 1 when that check fails.
+
+    pip install --no-index .whl/py_spy-*.whl
+    PYTHONPATH=$PWD timeout 470 python3 benchmarks/gpu_cost.py --design paired --cases data:0 \
+        --window 6 --time-budget 400 --out $OUT/cost
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from _cost_bench import REPO, run_case, summary_line
+from _cost_bench import REPO, _T95, diagnose, model_check, model_table, run_case, summary_line
 
 JOB = Path(__file__).resolve().parent / "gpu_cost_job.py"
 
 
 class Job:
-    def __init__(self, variant: str, workers: int, cmd: str | None = None):
+    def __init__(self, variant: str, workers: int, cmd: str | None = None, batch_size: int | None = None):
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-        argv = ([sys.executable, str(JOB), "--variant", variant, "--workers", str(workers)] if not cmd
+        argv = ([sys.executable, str(JOB), "--variant", variant, "--workers", str(workers),
+                 *(["--batch-size", str(batch_size)] if batch_size else [])] if not cmd
                 else shlex.split(cmd.format(variant=variant, workers=workers, python=sys.executable)))
         self.proc = subprocess.Popen(argv,
                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -74,6 +96,135 @@ class Job:
             self.proc.wait()
 
 
+# -- the paired, interleaved design -------------------------------------------------------------------
+
+def _thread_facts(pid: int) -> dict[str, float] | None:
+    """The training thread's CPU and run-queue wait (schedstat, ns), its context switches, and the
+    process's page faults: read at a window's edges."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
+            run_ns, wait_ns, _ = (int(x) for x in fh.read().split()[:3])
+        with open(f"/proc/{pid}/task/{pid}/status") as fh:
+            st = dict(ln.split(":", 1) for ln in fh.read().splitlines() if ":" in ln)
+        with open(f"/proc/{pid}/stat") as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return None
+    return {"t": time.time(), "run_s": run_ns / 1e9, "wait_s": wait_ns / 1e9,
+            "vcsw": float(st["voluntary_ctxt_switches"]), "ivcsw": float(st["nonvoluntary_ctxt_switches"]),
+            "minflt": float(f[7]), "majflt": float(f[9])}
+
+
+def _per_step(a: dict[str, float] | None, b: dict[str, float] | None, steps: float) -> dict[str, float] | None:
+    if not a or not b or steps <= 0:
+        return None
+    return {"thread_cpu_ms": round(1e3 * (b["run_s"] - a["run_s"]) / steps, 3),
+            "runqueue_wait_ms": round(1e3 * (b["wait_s"] - a["wait_s"]) / steps, 3),
+            "voluntary_switches": round((b["vcsw"] - a["vcsw"]) / steps, 2),
+            "involuntary_switches": round((b["ivcsw"] - a["ivcsw"]) / steps, 2),
+            "minor_faults": round((b["minflt"] - a["minflt"]) / steps, 1),
+            "major_faults": round((b["majflt"] - a["majflt"]) / steps, 2)}
+
+
+def _steps(job: "Job", t0: float, t1: float) -> tuple[float, float]:
+    """(steps, seconds) between the first and the last progress point inside [t0, t1]."""
+    pts = [p for p in job.points if t0 <= p[0] <= t1]
+    if len(pts) < 2:
+        return 0.0, 0.0
+    return float(pts[-1][1] - pts[0][1]), pts[-1][0] - pts[0][0]
+
+
+def _detached(job: "Job", window: float) -> dict[str, Any]:
+    a = _thread_facts(job.pid)
+    t0 = time.time()
+    time.sleep(window)
+    t1 = time.time()
+    b = _thread_facts(job.pid)
+    n, secs = _steps(job, t0, t1)
+    return {"arm": "detached", "t0": t0, "t1": t1, "steps": n, "steps_per_s": n / secs if secs else float("nan"),
+            "per_step": _per_step(a, b, n)}
+
+
+def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str, Any]:
+    a = _thread_facts(job.pid)
+    d = diagnose(job.pid, window, args)
+    b = _thread_facts(job.pid)
+    d["arm"] = arm
+    if d.get("ok") and d.get("window_start_unix"):
+        w0 = float(d["window_start_unix"])
+        w1 = w0 + float(d.get("window_s") or window)
+        n, secs = _steps(job, w0, w1)
+        d.update(steps=n, steps_per_s=n / secs if secs else float("nan"), w0=w0, w1=w1)
+        # The per-step facts span the agent's whole run (start-up and teardown too).
+        n_all, _ = _steps(job, d["t0"], d["t1"])
+        d["per_step"] = _per_step(a, b, n_all)
+    return d
+
+
+def paired_stat(ratios: list[float]) -> dict[str, Any]:
+    """The mean of log(ratio) with its 95% Student-t interval, given back as ratios."""
+    xs = [math.log(r) for r in ratios if r and r > 0 and math.isfinite(r)]
+    if len(xs) < 2:
+        return {"n": len(xs)}
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    h = _T95.get(len(xs) - 1, 2.0 if len(xs) < 40 else 1.96) * sd / math.sqrt(len(xs))
+    return {"n": len(xs), "ratio": round(math.exp(m), 4), "ci95": [round(math.exp(m - h), 4), round(math.exp(m + h), 4)],
+            "half_width_pct": round(100 * (math.exp(h) - 1), 2), "sd_log": round(sd, 4),
+            "pairs_for_1pct": math.ceil((2.0 * sd / math.log(1.01)) ** 2), "below_1": sum(1 for x in xs if x < 0)}
+
+
+def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[str]]], deadline: float,
+               log: Any, checkpoint: Any = None) -> dict[str, Any]:
+    """D A D B D A ... until `deadline` (monotonic): each attached window against its two neighbours.
+    `checkpoint(windows)` after each pair, so a run cut short still leaves its windows."""
+    seq: list[dict[str, Any]] = [_detached(job, window)]
+    i = 0
+    while time.monotonic() + 2.5 * window + 4 < deadline:
+        if checkpoint is not None:
+            checkpoint(seq)
+        arm, args = arms[i % len(arms)]
+        i += 1
+        seq.append(_attached(job, window, arm, args))
+        seq.append(_detached(job, window))
+        att, before, after = seq[-2], seq[-3], seq[-1]
+        if att.get("ok") and att.get("steps_per_s") and before["steps_per_s"] and after["steps_per_s"]:
+            base = statistics.fmean([before["steps_per_s"], after["steps_per_s"]])
+            att["ratio"] = round(att["steps_per_s"] / base, 4) if base > 0 else None
+            log(f"  {name} {arm} #{i}: ratio {att['ratio']}, {att['steps_per_s']:.3f} vs {base:.3f} steps/s, "
+                f"tree {att.get('tree_cpu_s')} CPU-s, per step {att.get('per_step')}")
+        elif not att.get("ok"):
+            log(f"  {name} {arm} #{i}: diagnose failed rc={att.get('rc')}: {att.get('stderr', '')[-300:]}")
+    out: dict[str, Any] = {"case": name, "window_s": window, "arms": {}, "windows": seq}
+    det = [w for w in seq if w["arm"] == "detached"]
+
+    def facts(ws: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = ("thread_cpu_ms", "runqueue_wait_ms", "voluntary_switches", "involuntary_switches", "minor_faults",
+                "major_faults")
+        ps = [w["per_step"] for w in ws if w.get("per_step")]
+        return {k: round(statistics.median(p[k] for p in ps), 3) for k in keys} if ps else {}
+
+    out["detached"] = {"windows": len(det), "steps_per_s_median": round(statistics.median(
+        [w["steps_per_s"] for w in det if math.isfinite(w["steps_per_s"])] or [float("nan")]), 4),
+        "per_step_median": facts(det)}
+    for arm, args in arms:
+        ws = [w for w in seq if w["arm"] == arm and w.get("ratio")]
+        out["arms"][arm] = {"args": args, **paired_stat([w["ratio"] for w in ws]),
+                            "ratio_median": round(statistics.median(w["ratio"] for w in ws), 4) if ws else None,
+                            "tree_cpu_s_median": round(statistics.median(w["tree_cpu_s"] for w in ws), 3) if ws else None,
+                            "per_step_median": facts(ws), "model_check": model_check(ws)}
+    return out
+
+
+def paired_line(r: dict[str, Any]) -> str:
+    lines = [f"{r['case']}: untouched {r['detached']['windows']} windows, {r['detached']['steps_per_s_median']} steps/s, "
+             f"per step {r['detached']['per_step_median']}"]
+    for arm, a in r["arms"].items():
+        lines.append(f"  {arm:<14} attached/detached {a.get('ratio')} (95% CI {a.get('ci95')}, +-{a.get('half_width_pct')}%, "
+                     f"{a.get('n')} pairs, {a.get('below_1')} below 1; about {a.get('pairs_for_1pct')} pairs resolve 1%) "
+                     f"median {a.get('ratio_median')}, tree {a.get('tree_cpu_s_median')} CPU-s, per step {a.get('per_step_median')}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "out") + "/cost", help="directory for gpu_cost.json")
@@ -86,6 +237,11 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=520.0, help="start no new case after this many seconds")
     ap.add_argument("--agent-args", default="",
                     help="extra `trainprobe diagnose` arguments for the attached windows (e.g. '--skip pyspy')")
+    ap.add_argument("--design", choices=("alternating", "paired"), default="alternating",
+                    help="paired: short interleaved windows until --time-budget, a paired statistic per arm")
+    ap.add_argument("--arms", default="default=",
+                    help="paired design: NAME=DIAGNOSE ARGS;NAME=ARGS... (e.g. 'default=;no-pyspy=--skip pyspy;no-gpu=--skip gpu')")
+    ap.add_argument("--batch-size", type=int, default=None, help="the job's batch size (gpu_cost_job.py default)")
     ap.add_argument("--job-cmd", default=None,
                     help="another job printing `PROGRESS t= steps=` lines ({python}, {variant}, {workers} filled in): "
                          "to try the harness without a GPU")
@@ -93,15 +249,26 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    results = []
+    results: list[dict[str, Any]] = []
     for case in [c.strip() for c in a.cases.split(",") if c.strip()]:
         if time.monotonic() - t_start > a.time_budget:
             print(f"time budget spent: case {case} not run", file=sys.stderr)
             continue
         variant, workers = case.split(":")
-        job = Job(variant, int(workers), a.job_cmd)
+        job = Job(variant, int(workers), a.job_cmd, a.batch_size)
         try:
             job.settle(a.warmup)
+            if a.design == "paired":
+                arms = [(n.strip(), shlex.split(v)) for n, v in (x.split("=", 1) for x in a.arms.split(";") if x.strip())]
+                r = run_paired(job, f"{variant}-w{workers}", a.window, arms, t_start + a.time_budget,
+                               lambda m: print(m, file=sys.stderr, flush=True),
+                               lambda ws: (out / "gpu_paired.json").write_text(json.dumps(
+                                   {"machine": "gpu", "args": vars(a), "partial": True, "cases": results,
+                                    "windows_so_far": ws}, default=str)))
+                results.append(r)
+                (out / "gpu_paired.json").write_text(json.dumps({"machine": "gpu", "args": vars(a), "cases": results},
+                                                               indent=1, default=str))
+                continue
             r = run_case(f"{variant}-w{workers}" + (f" [{a.agent_args}]" if a.agent_args else ""), job.pid, job.rate,
                          a.window, a.pairs, a.full_runs, shlex.split(a.agent_args),
                          lambda m: print(m, file=sys.stderr, flush=True))
@@ -112,6 +279,22 @@ def main() -> int:
             job.stop()
         results.append(r)
         (out / "gpu_cost.json").write_text(json.dumps({"machine": "gpu", "args": vars(a), "cases": results}, indent=1))
+    if a.design == "paired":
+        print(f"\ninterleaved {a.window:g} s windows ({time.monotonic() - t_start:.0f} s); results in {out / 'gpu_paired.json'}")
+        bad = []
+        for r in results:
+            if "error" in r:
+                print(f"{r['case']}: {r['error']}")
+                continue
+            print(paired_line(r))
+            for arm, x in r["arms"].items():
+                if x["model_check"]["windows"]:
+                    print(model_table(f"{r['case']} {arm}", x["model_check"]))
+                bad += [f"{r['case']} {arm}: {f}" for f in x["model_check"]["failures"]]
+        if bad:
+            print("\nCOST MODEL CHECK FAILED (plan vs measured tree, > 30%):\n  " + "\n  ".join(bad), file=sys.stderr)
+            return 1
+        return 0
     print(f"\n{a.pairs} alternating pairs of {a.window:g} s windows per case ({time.monotonic() - t_start:.0f} s); "
           f"results in {out / 'gpu_cost.json'}")
     for r in results:
