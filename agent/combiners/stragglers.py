@@ -96,14 +96,19 @@ def _own_rest(r: dict[str, Any]) -> float:
     return max(0.0, _own(r) - float(r.get("data_share") or 0.0) - float(r.get("host_sync_share") or 0.0))
 
 
+def _cpu_wait(r: dict[str, Any]) -> float:
+    """Its training thread's run-queue wait plus the longest of its other working threads'."""
+    return float(r.get("run_delay_share") or 0.0) + float(r.get("helper_run_delay_share") or 0.0)
+
+
 def excess_cpu_wait(s: dict[str, Any], others: list[dict[str, Any]]) -> float:
     """The straggler's run-queue wait beyond what the other ranks' rate of waiting predicts for its
     CPU time. A rank that runs more on an equally loaded host waits proportionally more for a CPU:
     that wait belongs to what made it run more (its data, its code); only the wait beyond the others'
     rate per CPU-second is its own CPU's doing (a quota, another process, fewer CPUs)."""
-    q_s = float(s.get("run_delay_share") or 0.0)
+    q_s = _cpu_wait(s)
     cpu_o = sum(float(o.get("cpu_share") or 0.0) for o in others)
-    q_o = sum(float(o.get("run_delay_share") or 0.0) for o in others)
+    q_o = sum(_cpu_wait(o) for o in others)
     rate = q_o / cpu_o if cpu_o > 0 else 0.0
     return max(0.0, q_s - rate * float(s.get("cpu_share") or 0.0))
 
@@ -113,12 +118,26 @@ def _cpus(r: dict[str, Any]) -> list[int]:
     return procfs.parse_cpulist(r.get("cpus_allowed")) if r.get("cpus_allowed") else []
 
 
-def _others_on_cpus(r: dict[str, Any]) -> float | None:
-    """Share of the window other processes ran on the rank's own CPUs (contention probe)."""
+def _confined(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outside processes (contention probe) whose affinity lies inside the rank's own CPUs: they
+    compete with this rank, and with no other (processes free to run anywhere load every rank alike)."""
     con = (r.get("node_facts") or {}).get("contention") or {}
-    by_cpu = con.get("others_by_cpu") or {}
-    mine = [by_cpu[c] for c in _cpus(r) if c in by_cpu] or [by_cpu[c] for c in by_cpu]
-    return round(fmean(mine), 4) if mine else None
+    mine = set(_cpus(r))
+    if not mine:
+        return []
+    return [c for c in con.get("competitors") or []
+            if c.get("cpus_allowed") and set(_cpus({"cpus_allowed": c["cpus_allowed"]})) <= mine]
+
+
+def _others_on_cpus(r: dict[str, Any]) -> float | None:
+    """Share of the rank's own CPUs that outside processes confined to them took over the window
+    (contention probe); None without contention evidence."""
+    con = (r.get("node_facts") or {}).get("contention")
+    if not con or not _cpus(r):
+        return None
+    n_job = max(int(con.get("job_cpu_count") or 1), 1)
+    took = sum(float(c.get("share_of_job_cpus") or 0.0) * n_job for c in _confined(r))
+    return round(took / len(_cpus(r)), 4)
 
 
 def _finding(r: dict[str, Any], fid: str) -> dict[str, Any] | None:
@@ -135,6 +154,13 @@ def _fix_of(f: dict[str, Any] | None) -> tuple[str | None, str | None]:
     return text or None, fx.get("command")
 
 
+def _cause_floor(s: dict[str, Any], others: list[dict[str, Any]], p_s: float, p_o: float) -> float:
+    """The least difference of two shares worth naming: MIN_CAUSE, or its two-sigma sampling error."""
+    n_o = min((_n(o) for o in others), default=DEFAULT_SAMPLES)
+    p_s, p_o = min(max(p_s, 0.0), 1.0), min(max(p_o, 0.0), 1.0)
+    return max(MIN_CAUSE, 2.0 * math.sqrt(p_s * (1 - p_s) / _n(s) + p_o * (1 - p_o) / n_o))
+
+
 def frame_diff(s: dict[str, Any], others: list[dict[str, Any]], floor: float = MIN_CAUSE) -> list[dict[str, Any]]:
     """The straggler's hottest functions the other ranks do not have (a flame-graph diff at function
     granularity): its inclusive share minus the others' mean, largest first, deepest-named first on ties."""
@@ -143,7 +169,7 @@ def frame_diff(s: dict[str, Any], others: list[dict[str, Any]], floor: float = M
     for fn, share in mine.items():
         theirs = fmean([float((o.get("hot_functions") or {}).get(fn, 0.0)) for o in others]) if others else 0.0
         d = share - theirs
-        if d >= floor:
+        if d >= max(floor, _cause_floor(s, others, share, theirs)):
             out.append({"function": fn, "share": round(share, 4), "others_share": round(theirs, 4),
                         "extra_share": round(d, 4)})
     # A caller's inclusive share covers its callee's: on ties keep the innermost (the smaller share
@@ -199,7 +225,7 @@ def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) ->
     d_wait = excess_cpu_wait(s, others)
     keep = max(0.0, 1.0 - d_wait / _own(s)) if _own(s) > 0 else 1.0
     d_data = float(s.get("data_share") or 0.0) * keep - _mean(others, "data_share")
-    if d_data >= MIN_CAUSE:
+    if d_data >= _cause_floor(s, others, float(s.get("data_share") or 0.0), _mean(others, "data_share")):
         fix, cmd = _fix_of(_finding(s, "dataloader.starved"))
         out.append(_cause("data", f"{who} waits for or loads its own batches {d_data:.0%} of the step more than "
                           "the other ranks", d_data, excess,
@@ -207,7 +233,7 @@ def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) ->
                                  "persistent_workers=True), or make its samples as cheap as theirs", cmd,
                           {"data_share": s.get("data_share"), "others_data_share": round(_mean(others, "data_share"), 4)}))
     d_sync = float(s.get("host_sync_share") or 0.0) * keep - _mean(others, "host_sync_share")
-    if d_sync >= MIN_CAUSE:
+    if d_sync >= _cause_floor(s, others, float(s.get("host_sync_share") or 0.0), _mean(others, "host_sync_share")):
         fix, cmd = _fix_of(_finding(s, "host.sync"))
         out.append(_cause("host_sync", f"{who} spends {d_sync:.0%} of the step more than the others in "
                           "host-device syncs", d_sync, excess,
@@ -288,16 +314,12 @@ def _cpu_wait_causes(s: dict[str, Any], others: list[dict[str, Any]], d_wait: fl
     mine = _others_on_cpus(s)
     theirs = [x for x in (_others_on_cpus(o) for o in others) if x is not None]
     if mine is not None and theirs and mine - fmean(theirs) >= CONTENDED_SHARE:
-        con = (s.get("node_facts") or {}).get("contention") or {}
-        comp = con.get("competitors") or []
-        mycpus = set(_cpus(s))
-        named = [c for c in comp if not mycpus or not c.get("cpus_allowed")
-                 or mycpus & set(_cpus({"cpus_allowed": c["cpus_allowed"]}))] or comp
+        named = sorted(_confined(s), key=lambda c: -float(c.get("share_of_job_cpus") or 0.0))
         names = ", ".join(f"PID {c['pid']} ({str(c.get('command') or '?')[:60]})" for c in named[:2])
-        fix, cmd = _fix_of(_finding(s, "cpu.contended"))
         cpus = s.get("cpus_allowed") or "?"
-        return [_cause("cpu_contended", f"other processes run {mine:.0%} of the time on {who}'s CPU(s) {cpus} "
-                       f"(the other ranks' CPUs: {fmean(theirs):.0%})" + (f": {names}" if names else ""),
+        fix, cmd = (None, None) if named else _fix_of(_finding(s, "cpu.contended"))
+        return [_cause("cpu_contended", f"other processes bound to {who}'s CPU(s) {cpus} take {mine:.0%} of them "
+                       f"(on the other ranks' CPUs: {fmean(theirs):.0%})" + (f": {names}" if names else ""),
                        d_wait, excess,
                        fix or (f"Move {names or 'the other processes'} off CPU(s) {cpus}, or pin the rank to CPUs "
                                "nobody else uses"), cmd,

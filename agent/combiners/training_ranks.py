@@ -115,12 +115,30 @@ def _gpu_facts(ev: Evidence, pid: int) -> dict[str, Any] | None:
             "power_limit_w": st.get("power_limit_w")}
 
 
+HELPER_MIN_CPU = 0.005     # a thread of the rank that ran at least this share of the window does its work
+
+
+def helper_run_delay(ev: Evidence, pid: int, window_s: float) -> float | None:
+    """The longest run-queue wait, as a share of the window, of the rank's working threads other than
+    its training thread (the process group's communication threads, autograd's): while the training
+    thread sleeps in a collective, a communication thread of its own that waits for a CPU (a quota,
+    another process on its CPU) is the rank's own stall, not a wait for another rank."""
+    row = _process_row(ev, pid)
+    if row is None or window_s <= 0:
+        return None
+    waits = [min(1.0, float(t["run_delay_seconds"]) / window_s) for t in row.get("threads") or []
+             if t.get("tid") != pid and t.get("run_delay_seconds") is not None
+             and float(t.get("cpu_fraction") or 0.0) >= HELPER_MIN_CPU]
+    return round(max(waits), 4) if waits else 0.0
+
+
 def rank_facts(ev: Evidence, pid: int, view: dict[str, Any] | None, window_s: float) -> dict[str, Any]:
     """What the straggler model reads about one rank, from its node's Evidence (pure).
 
-    Shares are of the window: cpu (on a CPU), run_delay (runnable, waiting for one), data (waiting for
-    or loading batches), host_sync, collective (off-CPU outside data waits: in lockstep, waiting for a
-    slower rank), samples (py-spy samples of its training thread: the sampling error's n)."""
+    Shares are of the window: cpu (on a CPU), run_delay (runnable, waiting for one), helper_run_delay
+    (the longest such wait of its other working threads), data (waiting for or loading batches),
+    host_sync, collective (off-CPU outside data waits and its own threads' CPU waits: in lockstep,
+    waiting for a slower rank), samples (py-spy samples of its training thread: the sampling error's n)."""
     from trainprobe.probes.parsers import procfs   # noqa: PLC0415 - one CPU-list parser, shared
     tt = (view or {}).get("training_thread") or {}
     bd = tt.get("breakdown")
@@ -133,9 +151,10 @@ def rank_facts(ev: Evidence, pid: int, view: dict[str, Any] | None, window_s: fl
         rd = min(1.0, th["run_delay_seconds"] / window_s)
     elif tt.get("run_delay_fraction") is not None:
         rd = tt["run_delay_fraction"]
+    helper = helper_run_delay(ev, pid, window_s)
     coll = None
     if cpu is not None:
-        coll = round(max(0.0, 1.0 - cpu - (rd or 0.0) - (bd or {}).get("data_wait", 0.0)), 4)
+        coll = round(max(0.0, 1.0 - cpu - (rd or 0.0) - (bd or {}).get("data_wait", 0.0) - (helper or 0.0)), 4)
     rate = float((ev.get("pyspy") or {}).get("rate_hz") or 0.0)
     row = _process_row(ev, pid) or {}
     cpus = procfs.parse_cpulist(row.get("cpus_allowed")) if row.get("cpus_allowed") else []
@@ -146,6 +165,7 @@ def rank_facts(ev: Evidence, pid: int, view: dict[str, Any] | None, window_s: fl
         "collective_share": coll,
         "cpu_share": None if cpu is None else round(cpu, 4),
         "run_delay_share": None if rd is None else round(rd, 4),
+        "helper_run_delay_share": helper,
         "samples": int(round(float(tt.get("seconds") or 0.0) * rate)) if rate else None,
         "cpus_allowed": row.get("cpus_allowed"),
         "cpus_allowed_count": len(cpus) or None,
@@ -168,10 +188,10 @@ def node_cpu_facts(ev: Evidence, window_s: float) -> dict[str, Any]:
     if con:
         comp = [c for c in con.get("competitors") or [] if not c.get("sibling_of_target")]
         out["contention"] = {
-            "job_cpus": con.get("job_cpus"),
+            "job_cpus": con.get("job_cpus"), "job_cpu_count": con.get("job_cpu_count"),
             "competitors": [{"pid": c["pid"], "command": c.get("cmdline") or c.get("comm"), "user": c.get("user"),
                              "share_of_job_cpus": c.get("share_of_job_cpus"), "cpus_allowed": c.get("cpus_allowed")}
-                            for c in comp[:3]],
+                            for c in comp[:10]],
             # CPU -> share of the window other processes ran on it (run + irq - the job's threads)
             "others_by_cpu": {int(c): round(float(w.get("others_s") or 0.0) / max(window_s, 1e-6), 4)
                               for c, w in (con.get("per_cpu") or {}).items()},

@@ -65,7 +65,7 @@ def _check(rep):
     assert set(by) == {("n1", 0), ("n2", 1)}, rep["ranks"]
     s = rep["stragglers"]
     assert [(x["node"], x["rank"]) for x in s] == [("n2", 1)], (s, rep["ranks"])
-    assert s[0]["cause"] == "dataloader.starved"
+    assert s[0]["cause"] == "data" and s[0]["finding"] == "dataloader.starved"
     healthy = by[("n1", 0)]
     assert healthy["data_share"] < 0.05                    # rank 0 does not wait for its own data ...
     assert healthy["collective_share"] > 0.2               # ... it waits for rank 1 in collectives

@@ -72,12 +72,16 @@ def test_cpu_wait_is_split_by_quota_other_processes_and_fewer_cpus():
     s = stragglers.analyse(rows)["stragglers"][0]
     assert s["cause"] == "cpu_quota" and "0.35 CPU" in s["causes"][0]["title"]
     assert s["causes"][0]["command"] == "echo -1 > '/sys/fs/cgroup/cpu/job 1/cpu.cfs_quota_us'"
-    con = lambda others: {"contention": {"others_by_cpu": {0: 0.05, 1: others}, "competitors": [
-        {"pid": 77, "command": "python spin.py", "cpus_allowed": "1", "share_of_job_cpus": 0.4}]}}
+    # PID 77 is bound to CPU 1 (rank 1's) and takes 0.3 of the job's 2 CPUs: 0.6 of CPU 1; PID 78 may run
+    # anywhere and loads both ranks alike.
+    con = lambda others: {"contention": {"job_cpu_count": 2, "competitors": [
+        {"pid": 77, "command": "python spin.py", "cpus_allowed": "1", "share_of_job_cpus": 0.3},
+        {"pid": 78, "command": "make -j", "cpus_allowed": "0-1", "share_of_job_cpus": others}]}}
     rows = [_row(10, 0.6, cpus="0", node_facts=con(0.6)), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1",
                                                            node_facts=con(0.6))]
     s = stragglers.analyse(rows)["stragglers"][0]
     assert s["cause"] == "cpu_contended" and "PID 77 (python spin.py)" in s["causes"][0]["title"]
+    assert "PID 78" not in s["causes"][0]["title"] and "60%" in s["causes"][0]["title"]
     rows = [_row(10, 0.6, cpus="0,1"), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1")]
     assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "fewer_cpus"
     rows = [_row(10, 0.6, cpus="0"), _row(20, 0.15, node="n2", rank=1, rd=0.5, cpus="1")]
