@@ -21,17 +21,27 @@ TIMEOUT_S = 60
 def report(path: str, *extra: str) -> tuple[int, str, str, float, float]:
     """(exit code, stdout, stderr, peak RSS MB, seconds) of `trainprobe report PATH`."""
     t0 = time.monotonic()
-    p = subprocess.Popen([PY, "-m", "trainprobe.agent", "report", path, *extra], cwd=REPO, env=dict(os.environ, NO_COLOR="1"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A small launcher reaps `report` with wait4 and writes its peak RSS on the last stderr line: a
+    # child forked from the test process itself would carry that process's own high-water mark (Linux
+    # keeps the pre-exec peak in ru_maxrss), and RUSAGE_CHILDREN the largest of every child reaped.
+    launcher = ("import os,subprocess,sys\n"
+                "p=subprocess.Popen(sys.argv[1:])\n"
+                "_,st,ru=os.wait4(p.pid,0)\n"
+                "sys.stderr.write('\\nTP_MAXRSS_KB=%d\\n' % ru.ru_maxrss)\n"
+                "sys.exit(os.waitstatus_to_exitcode(st))\n")
+    p = subprocess.Popen([PY, "-c", launcher, PY, "-m", "trainprobe.agent", "report", path, *extra], cwd=REPO,
+                         env=dict(os.environ, NO_COLOR="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        p.kill()
+        os.killpg(p.pid, 9)
         p.communicate()
         pytest.fail(f"report {path} ran past {TIMEOUT_S} s")
-    # communicate() reaped it; its rusage is the children's maximum so far: run one at a time.
-    import resource
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    text = err.decode()
+    head, _, tail = text.rstrip("\n").rpartition("\nTP_MAXRSS_KB=")
+    rss = int(tail) / 1024
+    err = head.encode()
     return p.returncode, out.decode(), err.decode(), rss, time.monotonic() - t0
 
 

@@ -167,7 +167,7 @@ def test_report_reproduces_the_live_findings_and_the_html_renders(workload, tmp_
         b.open(page)
         assert b.eval("document.querySelector('#finding-1 .ftitle').textContent") == live["findings"][0]["title"]
         assert b.eval("document.querySelector('#no-gpu').textContent").startswith("no GPU evidence: gpu: ")
-        assert b.eval("document.querySelectorAll('#flamegraphs svg.tp-flame').length") == 1
+        assert b.eval("document.querySelectorAll('#flamegraphs .flame-wrap:not([hidden]) svg.tp-flame').length") == 1
         assert b.eval("document.querySelectorAll('.train-band rect.seg').length") >= 1
         img = b.screenshot(str(tmp_path / "live.png"), full_page=True)
         assert img.count_unlike((255, 255, 255), step=4) > 0.03 * (img.width // 4) * (img.height // 4)

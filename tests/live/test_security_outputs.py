@@ -237,16 +237,17 @@ def test_dev_null_a_pipe_a_file_stdout_and_an_own_fifo_still_work(tmp_path, fold
     r = cli("flamegraph", "--input", folded, "-o", "/dev/null", timeout=30)
     assert r.returncode == 0, r.stderr
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    r = cli("flamegraph", "--input", folded, "--format", "folded", "-o", "/dev/stdout", timeout=30)
+    r = cli("flamegraph", "--input", folded, "--format", "folded", "--group", "line", "-o", "/dev/stdout", timeout=30)
     assert r.returncode == 0 and "next (loader.py:3) 700" in r.stdout              # stdout is a pipe
     with open(tmp_path / "captured.txt", "w") as fh:                                 # no terminal, a file
-        r = cli("flamegraph", "--input", folded, "--format", "folded", "-o", "/dev/stdout", timeout=30, stdout=fh)
+        r = cli("flamegraph", "--input", folded, "--format", "folded", "--group", "line", "-o", "/dev/stdout",
+                timeout=30, stdout=fh)
     assert r.returncode == 0 and "step (t.py:4) 300" in (tmp_path / "captured.txt").read_text()
     assert os.path.islink("/dev/stdout")                                              # written into, not replaced
     own = tmp_path / "own.fifo"
     os.mkfifo(own)
     reader = subprocess.Popen(["cat", str(own)], stdout=subprocess.PIPE)
-    r = cli("flamegraph", "--input", folded, "--format", "folded", "-o", str(own), timeout=30)
+    r = cli("flamegraph", "--input", folded, "--format", "folded", "--group", "line", "-o", str(own), timeout=30)
     out, _ = reader.communicate(timeout=30)
     assert r.returncode == 0 and b"step (t.py:4) 300" in out
     lonely = tmp_path / "lonely.fifo"                                                 # own, never read

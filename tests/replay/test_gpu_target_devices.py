@@ -56,8 +56,16 @@ def test_the_probe_reads_a_real_process_fd_table(tmp_path):
         probe = _Capturer.__new__(_Capturer)
         probe.spec, probe.rec = Spec(), Rec()
         import time
-        for _ in range(50):
-            if any(os.readlink(f"/proc/{p.pid}/fd/{n}").endswith("/x") for n in os.listdir(f"/proc/{p.pid}/fd")):
+        def holds_x():
+            for n in os.listdir(f"/proc/{p.pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{p.pid}/fd/{n}").endswith("/x"):
+                        return True
+                except OSError:            # an fd of the starting interpreter, closed meanwhile
+                    pass
+            return False
+        for _ in range(100):
+            if holds_x():
                 break
             time.sleep(0.05)
         assert probe._target_gpu_devices() == []
