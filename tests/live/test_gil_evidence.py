@@ -13,7 +13,9 @@ JOB = "tests.jobs.gil_threads"
 
 
 def start(workload, *args):
-    return workload("--seconds", "90", *args, module=JOB)
+    # A pure-Python spinner holds the GIL ~90% of the time from the job's first line: its imports
+    # (torch) take several times longer than a plain job's on a 2-CPU machine.
+    return workload("--seconds", "90", *args, module=JOB, timeout=180)
 
 
 def pyspy_only(pid, seconds=3.0):
