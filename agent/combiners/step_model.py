@@ -413,7 +413,7 @@ CAL_MID_K = 1.5               # D measured in the loop carries this middle k (sc
 
 # -- reading the evidence ----------------------------------------------------------------------------
 
-def _spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
+def spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
     """Cores the DataLoader workers kept busy, from py-spy's samples of them (0 when unknown)."""
     if not window_s:
         return 0.0
@@ -541,7 +541,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
     if w_proc:
         m.w_now = max(alive_end, alive_start)
-    worker_cores = max(sum(x["cpu_cores"] for x in w_proc), _spy_worker_cores(workers, tt_s))
+    worker_cores = max(sum(x["cpu_cores"] for x in w_proc), spy_worker_cores(workers, tt_s))
     main_cores = float(me.get("cpu_cores") or 0.0)
     m.u = main_cores + worker_cores if n > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
     m.d_inloop = not m.w_now

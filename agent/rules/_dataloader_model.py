@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainprobe.agent.combiners.step_model import CAL
+from trainprobe.agent.combiners.step_model import CAL, spy_worker_cores
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact
 
@@ -57,15 +57,6 @@ def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple
     best = min(times.values())
     w = min(k for k, t in times.items() if t <= best * 1.02)
     return w, times[w]
-
-
-def _spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
-    """Cores the DataLoader workers kept busy, from py-spy's samples of them (0 when unknown)."""
-    if not window_s:
-        return 0.0
-    busy = sum(float(w.get("seconds") or 0.0) * (1.0 - float((w.get("breakdown") or {}).get("idle", 0.0)))
-               for w in workers.get("per_worker") or [])
-    return busy / window_s
 
 
 def _trainer_process(proc: dict[str, Any], trainer_pid: int | None, n_trainers: int) -> dict[str, Any] | None:
@@ -106,7 +97,7 @@ def _workers_of(proc: dict[str, Any], me: dict[str, Any], w_now: int, spy_worker
     worker_cores = sum(x["cpu_cores"] for x in w_proc)
     # Workers that lived only part of the window (re-created each epoch) are missing from the
     # process probe's start/end readings; py-spy sampled them while they lived.
-    worker_cores = max(worker_cores, _spy_worker_cores(spy_workers or {}, tt_seconds))
+    worker_cores = max(worker_cores, spy_worker_cores(spy_workers or {}, tt_seconds))
     return w_proc, w_now, worker_cores
 
 
