@@ -135,14 +135,20 @@ PartitionName=debug Nodes=n[1-{len(NODES)}] Default=YES MaxTime=INFINITE State=U
         self._daemon([_sbin("slurmctld"), "-i"], b / "run" / "slurmctld.pid")
         for n in NODES:
             self.start_node(n)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.idle_nodes() >= set(NODES):
-                return self
-            time.sleep(0.5)
+        if self.wait_idle(timeout_s):
+            return self
         tail = self.logs_tail()
         self.stop()
         raise RuntimeError(f"the nodes did not become idle in {timeout_s:g} s\n{tail}")
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Whether every node is up (idle, mixed or allocated) within timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.idle_nodes() >= set(NODES):
+                return True
+            time.sleep(0.5)
+        return False
 
     def start_node(self, node: str) -> None:
         self._daemon([_sbin("slurmd"), "-N", node], self.base / "run" / f"slurmd.{node}.pid")

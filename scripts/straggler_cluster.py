@@ -37,7 +37,9 @@ srun --kill-on-bad-exit=1 bash -c 'exec nice -n {nice} {py} -m torch.distributed
 
 # What each cause adds to the slow rank's own loop (sized so the straggler's excess is a clear part of
 # the step on this 2-CPU host without making a window too slow to sample).
-DATA_WORK = 400          # Python iterations per sample, 16 samples a batch
+DATA_WORK = 1200         # Python iterations per sample, 16 samples a batch: at 400 the data share
+                         # (0.10-0.24 of the step) fell within the noise of the run-queue waits the
+                         # two ranks' agents cause on 2 CPUs, and a residual CPU wait could rank first
 EXTRA_WORK = 20000       # Python iterations per step
 QUOTA_CPUS = 0.15
 # The job (and the hog put beside it) run at this nice level: this host's 2 CPUs are shared with
@@ -190,6 +192,11 @@ class StragglerJob:
         self._kill_hogs()
         if self.jid:
             subprocess.run(["scancel", self.jid], env=self.env, capture_output=True, timeout=30)
+        for pid in self.pids.values():             # the ranks end now, not at scancel's grace period
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.cgroup is not None:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:

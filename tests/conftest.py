@@ -57,3 +57,30 @@ def pytest_runtest_makereport(item, call):
         rep.outcome = "failed"
         rep.longrepr = (f"{REQUIRE_LIVE_ENV}=1: this test would have skipped for a missing capability, "
                         f"which CI installs: {reason}")
+
+
+# -- Two phases: in parallel, then alone ----------------------------------------------------------
+# `make test` runs the suite in two pytest runs: every test not marked `serial` on two xdist workers,
+# then the `serial` ones one at a time. A test is serial when what it asserts (a finding's rank, a
+# measured share of the step, the agent's cost, a straggler) would move if another test's job ran
+# beside it on the same CPUs, or when it waits on a deadline that another test's load would overrun
+# (an eBPF program compiled and attached); tests that assert structure (what was read, what was refused, what a
+# page shows, that nothing was left attached) run in parallel. Marked here by module, or by test.
+SERIAL_MODULES = {
+    "test_bcc_probes", "test_cost", "test_cpu_contended", "test_gil_evidence", "test_live_diagnose",
+    "test_live_multirank", "test_rules_cpu_io_gil", "test_slurm_job", "test_slurm_stragglers",
+    "test_throttle", "test_watch", "test_windows",
+}
+SERIAL_TESTS = {
+    "test_bundle_report.py::test_report_reproduces_the_live_findings_and_the_html_renders",
+    "test_bundle_report.py::test_directory_bundle_of_a_job_with_workers",
+    "test_perf_live.py::test_diagnose_report_is_complete_with_the_perf_probe",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        name = f"{module}.py::{item.originalname or item.name}"
+        if module in SERIAL_MODULES or name in SERIAL_TESTS:
+            item.add_marker(pytest.mark.serial)

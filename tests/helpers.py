@@ -1,9 +1,13 @@
 """Shared test helpers: start real workloads, run the real CLI, load the real captures."""
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
 import os
+import shutil
+import tarfile
+import tempfile
 import subprocess
 import sys
 import threading
@@ -144,3 +148,21 @@ def tree_rss_mb(pid: int) -> float:
         except psutil.Error:
             pass
     return total / (1 << 20)
+
+
+_TREES: dict[Path, Path] = {}
+
+
+def extracted_tree(archive: Path) -> str:
+    """The one top directory of a captured tree (a sysfs tarball), extracted once per test process
+    for read-only use. Owners stay numeric: as root, tarfile would otherwise look up each member's
+    group by name (11,000 lookups, 3 s, for one hwloc tree)."""
+    archive = Path(archive)
+    if archive not in _TREES:
+        d = Path(tempfile.mkdtemp(prefix="trainprobe-tree-"))
+        atexit.register(shutil.rmtree, d, True)
+        with tarfile.open(archive) as tf:
+            tf.extractall(d, numeric_owner=True, **({"filter": "tar"} if hasattr(tarfile, "data_filter") else {}))
+        _TREES[archive] = d
+    (top,) = [p for p in _TREES[archive].iterdir() if p.is_dir()]
+    return str(top)

@@ -224,7 +224,12 @@ def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) ->
     # shares in proportion (py-spy saw the rank in those frames while it waited).
     d_wait = excess_cpu_wait(s, others)
     keep = max(0.0, 1.0 - d_wait / _own(s)) if _own(s) > 0 else 1.0
-    d_data = float(s.get("data_share") or 0.0) * keep - _mean(others, "data_share")
+    waits = _cpu_wait_causes(s, others, d_wait, excess, who) if d_wait >= MIN_CAUSE else []
+    # A wait no mechanism explains (no quota, no process bound to its CPUs, as many CPUs as the others)
+    # is not taken out of its data or sync frames: on a shared host a rank that runs flat out on one
+    # CPU waits more than the others' rate per CPU-second predicts, and that wait is its batches' doing.
+    keep_named = 1.0 if [c["cause"] for c in waits] == ["cpu_wait"] else keep
+    d_data = float(s.get("data_share") or 0.0) * keep_named - _mean(others, "data_share")
     if d_data >= _cause_floor(s, others, float(s.get("data_share") or 0.0), _mean(others, "data_share")):
         fix, cmd = _fix_of(_finding(s, "dataloader.starved"))
         out.append(_cause("data", f"{who} waits for or loads its own batches {d_data:.0%} of the step more than "
@@ -232,15 +237,14 @@ def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) ->
                           fix or "Feed its loop from DataLoader workers like the other ranks (num_workers > 0, "
                                  "persistent_workers=True), or make its samples as cheap as theirs", cmd,
                           {"data_share": s.get("data_share"), "others_data_share": round(_mean(others, "data_share"), 4)}))
-    d_sync = float(s.get("host_sync_share") or 0.0) * keep - _mean(others, "host_sync_share")
+    d_sync = float(s.get("host_sync_share") or 0.0) * keep_named - _mean(others, "host_sync_share")
     if d_sync >= _cause_floor(s, others, float(s.get("host_sync_share") or 0.0), _mean(others, "host_sync_share")):
         fix, cmd = _fix_of(_finding(s, "host.sync"))
         out.append(_cause("host_sync", f"{who} spends {d_sync:.0%} of the step more than the others in "
                           "host-device syncs", d_sync, excess,
                           fix or "Take the syncs (.item(), .cpu(), print(tensor)) out of its loop", cmd,
                           {"host_sync_share": s.get("host_sync_share")}))
-    if d_wait >= MIN_CAUSE:
-        out.extend(_cpu_wait_causes(s, others, d_wait, excess, who))
+    out.extend(waits)
     d_rest = _own_rest(s) * keep - fmean([_own_rest(o) for o in others]) if others else 0.0
     gs = _gpu_slower(s, others)
     if gs is not None:

@@ -88,8 +88,6 @@ def main() -> int:
     a = ap.parse_args()
     import torch
     torch.set_num_threads(2 if a.loop == "native" else 1)
-    for kind in filter(None, a.neighbours.split(",")):
-        threading.Thread(target=NEIGHBOURS[kind], name=f"bg-{kind}", daemon=True).start()
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
@@ -117,6 +115,10 @@ def main() -> int:
             loss.backward()
         opt.step()
         if not ready:
+            # The neighbours start after the first step: a spinner holding the GIL from the first
+            # line made the first step's thousands of GIL hand-overs (5 ms each) take most of a minute.
+            for kind in filter(None, a.neighbours.split(",")):
+                threading.Thread(target=NEIGHBOURS[kind], name=f"bg-{kind}", daemon=True).start()
             print("PROGRESS ready", flush=True)
             ready = True
     if child is not None:

@@ -13,9 +13,8 @@ JOB = "tests.jobs.gil_threads"
 
 
 def start(workload, *args):
-    # A pure-Python spinner holds the GIL ~90% of the time from the job's first line: its imports
-    # (torch) take several times longer than a plain job's on a 2-CPU machine.
-    return workload("--seconds", "90", *args, module=JOB, timeout=180)
+    # The job starts its neighbours after its first step (a spinner would hold the GIL through it).
+    return workload("--seconds", "90", *args, module=JOB, timeout=120)
 
 
 def pyspy_only(pid, seconds=3.0):

@@ -25,8 +25,9 @@ def _local_rank(pid):
     return None
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ddp_job():
+    """One job for the module's read-only diagnoses."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
                              "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "60", "--ddp", "--starved-rank", "1"],
@@ -92,19 +93,24 @@ def compute_straggler_job():
                              str(REPO / "tests" / "jobs" / "straggler_ddp.py"), "--pin", "--slow-rank", "1",
                              "--extra-work", "20000"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    ranks, progress = {}, False
-    deadline = time.monotonic() + 120
+    ranks, progress, seen = {}, False, []
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (len(ranks) == 2 and progress):
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
-            pytest.fail("torchrun exited early")
+            pytest.fail("torchrun exited early:\n" + "".join(seen[-20:]))
+        seen.append(line)
         if line.startswith("RANK "):
             kv = dict(x.split("=", 1) for x in line.split()[1:])
             ranks[int(kv["rank"])] = int(kv["pid"])
         progress = progress or line.startswith("PROGRESS")
     if len(ranks) < 2 or not progress:
+        # What held the ranks' CPUs (one CI run saw rank 1 print nothing in 120 s).
+        top = subprocess.run(["ps", "-eo", "pid,ppid,ni,psr,pcpu,etime,args", "--sort=-pcpu"], capture_output=True,
+                             text=True).stdout.splitlines()[:12]
         proc.kill()
-        pytest.fail(f"the job did not start both ranks in time (seen: {ranks})")
+        pytest.fail(f"the job did not start both ranks in time (seen: {ranks}, progress: {progress})\n"
+                    + "".join(seen[-20:]) + "\n".join(top))
     yield proc.pid, ranks
     proc.terminate()
     try:

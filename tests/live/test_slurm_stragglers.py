@@ -3,12 +3,11 @@
 CPU) whose rank 1 on n2 carries one cause at a time (scripts/straggler_cluster.py): its own
 data loading, extra pure-Python work in its loop, another process spinning on its CPU, a cgroup
 CPU quota on its process tree. `diagnose --slurm-job` must name n2 rank 1 by the lockstep
-asymmetry and read the cause from n2's own probes. One cluster and one job for the module."""
-import os
+asymmetry and read the cause from n2's own probes. One job for the module, on the session's cluster
+(tests/live/conftest.py)."""
 
 import pytest
 
-from scripts.slurm_cluster import SlurmCluster, missing_commands
 from tests.helpers import run_cli
 from scripts.straggler_cluster import StragglerJob
 
@@ -18,19 +17,16 @@ EXPECTED = {"data": "data", "compute": "own_compute", "hog": "cpu_contended", "q
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    missing = missing_commands()
-    if missing or os.geteuid() != 0:
-        pytest.skip(f"needs root and Slurm/munge (apt-get install slurm-wlm munge): missing {', '.join(missing)}")
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-stragglers")).start()
+def job(slurm, tmp_path_factory):
+    if not slurm.wait_idle(60):
+        pytest.fail("the session's Slurm nodes are not up:\n" + slurm.logs_tail())
     j = None
     try:
-        j = StragglerJob(c.env, tmp_path_factory.mktemp("straggler-job")).start()
-        yield c, j
+        j = StragglerJob(slurm.env, tmp_path_factory.mktemp("straggler-job")).start()
+        yield slurm, j
     finally:
         if j is not None:
             j.stop()
-        c.stop()
 
 
 @pytest.mark.parametrize("cause", list(EXPECTED))
@@ -56,11 +52,7 @@ def test_the_straggler_and_its_cause_are_named(job, cause, tmp_path):
     assert rep["job_expected_speedup"] > 1.0
     causes = [c["cause"] for c in s[0]["causes"]]
     assert EXPECTED[cause] in causes, (causes, s[0]["causes"])
-    # A rank that loads its batches in its own loop also runs more of its own Python than the other
-    # rank: in one full-suite run the flame diff ranked that own work above the data share. The data
-    # cause must still be named; the top one may be either.
-    allowed = {EXPECTED[cause], "own_compute"} if cause == "data" else {EXPECTED[cause]}
-    assert s[0]["cause"] in allowed, (causes, s[0]["causes"])
+    assert s[0]["cause"] == EXPECTED[cause], (causes, s[0]["causes"])
     top = s[0]["causes"][0]
     assert top["fix"] and top["job_speedup_if_removed"] > 1.0
     if cause == "compute":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import tarfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, TypedDict
 
@@ -24,7 +23,7 @@ from trainprobe.probes.placement import capture_from_roots
 from trainprobe.probes.pyspy import capture_from_chrometrace
 from trainprobe.probes.registry import probe_class, probe_classes
 from trainprobe.probes.topology import snapshot
-from tests.helpers import DATA, H200_MODES, REPO, h200_gpu_capture, h200_pyspy_capture
+from tests.helpers import DATA, H200_MODES, REPO, extracted_tree, h200_gpu_capture, h200_pyspy_capture
 
 SHARED = REPO.parent / "shared" / "fixtures"
 BUNDLES = sorted([*(DATA / "ledger" / "bundles").glob("*.tar.gz"), *(DATA / "h200" / "live" / "bundles").glob("*.tar.gz"),
@@ -150,10 +149,7 @@ def test_shared_h200_captures(mode):
 
 @pytest.mark.parametrize("name", HWLOC)
 def test_shared_hwloc_sysfs_trees(name, tmp_path):
-    with tarfile.open(shared("sysfs") / f"{name}.tar.bz2") as tf:
-        tf.extractall(tmp_path, **({"filter": "tar"} if hasattr(tarfile, "data_filter") else {}))
-    (top,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    snap = json.dumps(snapshot(str(top)))
+    snap = json.dumps(snapshot(extracted_tree(shared("sysfs") / f"{name}.tar.bz2")))
     assert_matches(Capture("topology", artifacts={"sysfs.json": snap}), f"shared sysfs/{name}")
 
 

@@ -1,7 +1,6 @@
 """The topology probe on the project's own trees, on real third-party trees and on this host."""
 import json
 import re
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.topology import (TopologyProbe, canonical_bdf, classify, link_gbps, parse_cpumask, parse_link_speed,
                              pcie_gen, read_topology)
-from tests.helpers import DATA, H200, REPO
+from tests.helpers import DATA, H200, REPO, extracted_tree
 
 TOPO = DATA / "topo"
 HWLOC = REPO.parent / "shared" / "fixtures" / "sysfs"
@@ -134,11 +133,7 @@ def test_probe_says_why_it_cannot_run_without_sysfs(tmp_path):
 def _hwloc_tree(name, tmp_path):
     if not HWLOC.is_dir():
         pytest.skip(f"{HWLOC} is absent: the third-party sysfs captures live beside the project, not in it")
-    archive = HWLOC / f"{name}.tar.bz2"
-    with tarfile.open(archive) as tf:
-        tf.extractall(tmp_path, **({"filter": "tar"} if hasattr(tarfile, "data_filter") else {}))
-    (top,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    return str(top)
+    return extracted_tree(HWLOC / f"{name}.tar.bz2")
 
 
 def test_hwloc_two_node_xeon_infiniband_on_node_1(tmp_path):

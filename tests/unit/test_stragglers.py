@@ -88,6 +88,21 @@ def test_cpu_wait_is_split_by_quota_other_processes_and_fewer_cpus():
     assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "cpu_wait"
 
 
+def test_an_unexplained_cpu_wait_does_not_take_the_data_cause_s_place():
+    # Rank 1 loads its batches in its own loop (0.45 of its step in data frames) and waits for a CPU
+    # 0.2 of its step beyond the other rank's rate, with no quota, no process bound to its CPU and as
+    # many CPUs: the wait stays in its data frames, and the data cause ranks first.
+    rows = [_row(10, 0.6, cpus="0", rd=0.02), _row(20, 0.15, node="n2", rank=1, rd=0.22, data=0.45, cpus="1")]
+    s = stragglers.analyse(rows)["stragglers"][0]
+    causes = [c["cause"] for c in s["causes"]]
+    assert s["cause"] == "data" and "cpu_wait" in causes, s["causes"]
+    # With a quota that explains the wait, the wait is carved out of the data frames and named first.
+    quota = {"throttle": {"share": 0.5, "quota_cpus": 0.5, "cgroup": "/sys/fs/cgroup/job", "cgroup_version": 2}}
+    rows = [_row(10, 0.6, cpus="0", rd=0.02, node_facts={"throttle": {"share": 0.0}}),
+            _row(20, 0.15, node="n2", rank=1, rd=0.5, data=0.3, cpus="1", node_facts=quota)]
+    assert stragglers.analyse(rows)["stragglers"][0]["cause"] == "cpu_quota"
+
+
 def test_a_slower_gpu_names_the_rank_even_when_the_hosts_waits_agree():
     g = lambda mhz, reasons: {"index": 0, "busy": 0.98, "sm_clock_mhz": mhz, "max_sm_clock_mhz": 1980,
                               "reasons": reasons}
