@@ -517,6 +517,11 @@ MISS_WHY = {
                      "PIDs in the window: D=0.55 where a loop waiting 84% on 2 workers implies 1.3-2), and a "
                      "16-step epoch still waits for its first batch after persistent_workers=True, which the "
                      "steady-state step leaves out; the rules also now propose more workers than the 6 measured",
+    "gil-spinner": "a pure-Python spinner takes the GIL back within the 5 ms switch interval every time the training "
+                   "thread releases it for a torch op, so about half of the training thread's CPU time under "
+                   "contention is hand-over overhead: the step without the spinner is shorter than the on-CPU "
+                   "share the model assumes it keeps (0.138 of the window here, 0.069 measured); the same job on the "
+                   "quiet H200 node was under-predicted too (14.74x against 25.83x)",
     "healthy-fixed-loader": "the loop does wait 13% on its one worker (2 CPUs leave no room for a second): the "
                             "finding (halve the per-sample cost, 1.15x) stays under the healthy limit of 1.2x but "
                             "ranks above compute.bound",

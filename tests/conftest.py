@@ -67,11 +67,14 @@ def pytest_runtest_makereport(item, call):
 # (an eBPF program compiled and attached); tests that assert structure (what was read, what was refused, what a
 # page shows, that nothing was left attached) run in parallel. Marked here by module, or by test.
 SERIAL_MODULES = {
-    "test_bcc_probes", "test_cost", "test_cpu_contended", "test_gil_evidence", "test_live_diagnose",
-    "test_live_multirank", "test_rules_cpu_io_gil", "test_slurm_job", "test_slurm_stragglers",
+    "test_bcc_probes", "test_cost", "test_cpu_contended", "test_gil_evidence", "test_live_multirank", "test_rules_cpu_io_gil", "test_slurm_job", "test_slurm_stragglers",
     "test_throttle", "test_watch", "test_windows",
 }
 SERIAL_TESTS = {
+    "test_live_diagnose.py::test_starved_inloop_job_gets_dataloader_starved_with_workers",
+    "test_live_diagnose.py::test_too_few_workers_still_starved_and_no_more_workers_than_fit",
+    "test_live_diagnose.py::test_compute_bound_job_is_not_called_starved",
+    "test_live_diagnose.py::test_text_report_shows_top_finding_speedup_evidence_and_fix",
     "test_bundle_report.py::test_report_reproduces_the_live_findings_and_the_html_renders",
     "test_bundle_report.py::test_directory_bundle_of_a_job_with_workers",
     "test_perf_live.py::test_diagnose_report_is_complete_with_the_perf_probe",

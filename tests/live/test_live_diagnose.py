@@ -4,7 +4,7 @@ import json
 import pytest
 
 from trainprobe.agent.findings import FINDING_IDS
-from tests.helpers import run_cli
+from tests.helpers import run_cli, start_workload
 
 pytestmark = pytest.mark.live
 
@@ -54,8 +54,16 @@ def test_compute_bound_job_is_not_called_starved(workload):
     assert rep["findings"][0]["expected_speedup"] == 1.0
 
 
-def test_text_report_shows_top_finding_speedup_evidence_and_fix(workload):
-    w = workload("--seconds", "60", "--num-workers", "0")
+@pytest.fixture(scope="module")
+def inloop_job():
+    """One job loading its batches in its loop, watched read-only by the report-format tests."""
+    w = start_workload("--seconds", "90", "--num-workers", "0")
+    yield w
+    w.stop()
+
+
+def test_text_report_shows_top_finding_speedup_evidence_and_fix(inloop_job):
+    w = inloop_job
     r = run_cli("diagnose", "--pid", str(w.pid), "--duration", "3")
     assert r.rc == 0, r.err
     lines = r.out.splitlines()
@@ -67,8 +75,8 @@ def test_text_report_shows_top_finding_speedup_evidence_and_fix(workload):
     assert "watching PID" in r.err
 
 
-def test_json_report_follows_the_contract(workload):
-    w = workload("--seconds", "60", "--num-workers", "0")
+def test_json_report_follows_the_contract(inloop_job):
+    w = inloop_job
     rep = diagnose(w.pid, duration="3")
     assert rep["schema"] == "trainprobe.report/1"
     assert rep["tool"]["name"] == "trainprobe" and rep["tool"]["version"]

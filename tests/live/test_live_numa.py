@@ -15,7 +15,7 @@ from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.placement import PlacementProbe
 from trainprobe.probes.topology import read_topology
-from tests.helpers import DATA, PY, REPO, run_cli
+from tests.helpers import DATA, PY, REPO, run_cli, start_workload
 
 pytestmark = pytest.mark.live
 
@@ -66,6 +66,21 @@ def test_evidence_of_a_real_job_unknown_locality_and_missing_links_tolerated(wor
 def start_torchrun(workload, *job_args, env=None):
     w = workload("--standalone", "--nproc-per-node=2", JOB, *job_args, module="torch.distributed.run",
                  env=dict(SECRET_ENV, **(env or {})), timeout=120)
+    return _two_ranks(w)
+
+
+@pytest.fixture(scope="module")
+def torchrun_job():
+    """One two-rank job for the module's placement reads (the last of them re-pins its ranks)."""
+    w = start_workload("--standalone", "--nproc-per-node=2", JOB, "--seconds", "120", module="torch.distributed.run",
+                       env=dict(SECRET_ENV), timeout=120)
+    try:
+        yield _two_ranks(w)
+    finally:
+        w.stop()
+
+
+def _two_ranks(w):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         ranks = [p for p, _ in procfs.descendants_of(w.pid) if "LOCAL_RANK" in
@@ -94,8 +109,8 @@ def pin(pid, cpu):
                 pass
 
 
-def test_torchrun_ranks_placement_from_launcher_and_from_one_rank(workload):
-    w = start_torchrun(workload, "--seconds", "120")
+def test_torchrun_ranks_placement_from_launcher_and_from_one_rank(torchrun_job):
+    w = torchrun_job
     pl = capture(w.pid)
     ranks = {r["local_rank"]: r for r in pl["ranks"]}
     assert sorted(ranks) == [0, 1]
@@ -115,10 +130,10 @@ def test_torchrun_ranks_placement_from_launcher_and_from_one_rank(workload):
     assert w.alive()
 
 
-def test_torchrun_ranks_pinned_to_the_wrong_node_get_a_line_each(workload):
+def test_torchrun_ranks_pinned_to_the_wrong_node_get_a_line_each(torchrun_job):
     """The real job, its ranks pinned each to the other CPU, judged against the project's 2n2c
     tree (CPU 0 on node 0 with GPU 0, CPU 1 on node 1 with GPU 1): each rank gets its own line."""
-    w = start_torchrun(workload, "--seconds", "120")
+    w = torchrun_job
     pl0 = capture(w.pid, window_s=0.5)
     ranks = {r["local_rank"]: r["pid"] for r in pl0["ranks"]}
     pin(ranks[0], 1)

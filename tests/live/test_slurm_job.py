@@ -66,7 +66,7 @@ def _check(rep):
 
 def test_slurm_job_names_the_starved_node_and_rank(slurm, job, tmp_path):
     saved = tmp_path / "jobbundle"
-    r = run_cli("diagnose", "--slurm-job", job, "--duration", "10", "--json", "--save", str(saved),
+    r = run_cli("diagnose", "--slurm-job", job, "--duration", "6", "--json", "--save", str(saved),
                 "--html", str(tmp_path / "job.html"), env=slurm.env, timeout=180)
     assert r.rc == 0, r.err + r.out[-3000:]
     rep = r.json()
@@ -113,7 +113,7 @@ def test_slurm_job_nodes_that_time_out_are_named(slurm, job):
 
 def test_slurmd_stopped_mid_window(slurm, job):
     """The healthy node's slurmd dies while the agents watch: the report says so; the rest stands."""
-    argv = [PY, "-m", "trainprobe.agent", "diagnose", "--slurm-job", job, "--duration", "10", "--json"]
+    argv = [PY, "-m", "trainprobe.agent", "diagnose", "--slurm-job", job, "--duration", "7", "--json"]
     p = subprocess.Popen(argv, cwd=REPO, env=dict(slurm.env, NO_COLOR="1"), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     stopped = False
