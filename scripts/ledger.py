@@ -521,7 +521,9 @@ MISS_WHY = {
                    "thread releases it for a torch op, so about half of the training thread's CPU time under "
                    "contention is hand-over overhead: the step without the spinner is shorter than the on-CPU "
                    "share the model assumes it keeps (0.138 of the window here, 0.069 measured); the same job on the "
-                   "quiet H200 node was under-predicted too (14.74x against 25.83x)",
+                   "quiet H200 node was under-predicted too (14.74x against 25.83x); both measured speedups lie "
+                   "inside the intervals, whose high end counts the off-CPU time in torch frames as GIL wait "
+                   "within the holders' sampling error",
     "healthy-fixed-loader": "the loop does wait 13% on its one worker (2 CPUs leave no room for a second): the "
                             "finding (halve the per-sample cost, 1.15x) stays under the healthy limit of 1.2x but "
                             "ranks above compute.bound",

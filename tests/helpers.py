@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import tarfile
 import tempfile
 import subprocess
@@ -166,3 +167,10 @@ def extracted_tree(archive: Path) -> str:
         _TREES[archive] = d
     (top,) = [p for p in _TREES[archive].iterdir() if p.is_dir()]
     return str(top)
+
+
+def interruptible() -> None:
+    """preexec_fn for a child a test will Ctrl-C: SIGINT back to its default. A shell without job
+    control starts background commands with SIGINT ignored, the ignore is inherited across exec, and
+    Python then installs no KeyboardInterrupt handler: the child would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

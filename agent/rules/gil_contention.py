@@ -167,14 +167,20 @@ def _gain(m: dict) -> tuple[float, tuple[float, float]]:
     is also at most 1/(1-g), the GIL waits alone (docs/models.md)."""
     g, e, c, b = m["g"], m["g_err"], max(float(m.get("c") or 0.0), 0.02), float(m.get("b") or 1.0)
     waits = m.get("waits") or {}
-    w = max(0.0, (1.0 - b) - OTHER_WAIT) + float(waits.get("native_other", 0.0)) + float(waits.get("unexplained", 0.0))
+    # Off-CPU time in code that no known wait explains: in native frames (a torch op that has
+    # finished and waits to take the GIL back looks the same as a native lock) or in none.
+    unexplained = float(waits.get("native_other", 0.0)) + float(waits.get("unexplained", 0.0))
+    w = max(0.0, (1.0 - b) - OTHER_WAIT) + unexplained
 
-    def gain(gg: float, alpha: float) -> float:
-        return 1.0 / (c * (1.0 - min(max(gg, 0.0), 0.97)) ** alpha + w)
+    def gain(gg: float, alpha: float, ww: float = w) -> float:
+        return 1.0 / (c * (1.0 - min(max(gg, 0.0), 0.97)) ** alpha + ww)
 
     mid = gain(g, ALPHA)
     lo = min(gain(g - e, ALPHA_RANGE[0]), 1.0 / (1.0 - max(0.0, min(g - e, 0.97))))
-    hi = gain(g + e, ALPHA_RANGE[1])
+    # g and that unexplained time split one measured total (off-CPU in code, from /proc), g capped
+    # by the holders' sampled share: where the holders held the GIL more than their samples show
+    # (g + e), that much less of the total is unexplained.
+    hi = gain(g + e, ALPHA_RANGE[1], w - min(e, unexplained))
     mid = max(mid, 1.0)
     return mid, (min(lo, mid), max(hi, mid))
 

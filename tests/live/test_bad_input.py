@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers import PY, REPO, run_cli
+from tests.helpers import PY, REPO, interruptible, run_cli
 
 
 def one_clean_line(r):
@@ -115,7 +115,7 @@ def test_ctrl_c_reports_what_was_gathered_and_leaves_nothing_attached(workload):
     w = workload("--seconds", "60", "--num-workers", "0")
     p = subprocess.Popen([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(w.pid), "--duration", "30", "--json"],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, NO_COLOR="1"))
+                         env=dict(os.environ, NO_COLOR="1"), preexec_fn=interruptible)
     time.sleep(4)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)

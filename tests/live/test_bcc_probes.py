@@ -14,7 +14,7 @@ from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.sched import SchedProbe
 from trainprobe.probes.syscalls import SyscallsProbe
 from tests.bcc_helpers import make_tiny_files, needs_ebpf, our_programs, spawn_script, wait_no_programs
-from tests.helpers import PY, REPO
+from tests.helpers import PY, REPO, interruptible
 
 pytestmark = [pytest.mark.live, needs_ebpf]
 
@@ -181,7 +181,8 @@ def test_syscall_window_is_bounded():
 def _diagnose(pid, duration, *extra, env=None):
     return subprocess.Popen([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(duration), "--json",
                              "--probes", "process,sched,syscalls", *extra], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, NO_COLOR="1", **(env or {})))
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, NO_COLOR="1", **(env or {})),
+                            preexec_fn=interruptible)
 
 
 def _wait_attached(timeout=30.0):

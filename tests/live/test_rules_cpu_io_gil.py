@@ -11,7 +11,7 @@ from trainprobe.agent.rules import run_rules
 from trainprobe.agent.ranking import rank
 from trainprobe.probes.base import Capture
 from tests.bcc_helpers import busy_process, make_tiny_files, needs_ebpf
-from tests.helpers import DATA, run_cli, start_workload
+from tests.helpers import DATA, run_cli
 
 BCC_DATA = DATA / "bcc"
 
@@ -33,18 +33,10 @@ def thread_number(text, pattern):
 
 # -- live ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def sixteen_threads():
-    """One job with 16 intra-op threads on this host's CPUs, watched read-only by two tests."""
-    w = start_workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
-    yield w
-    w.stop()
-
-
 @pytest.mark.live
 @needs_ebpf
-def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(sixteen_threads):
-    w = sixteen_threads
+def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(workload):
+    w = workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
     with busy_process():
         rep = diagnose(w.pid, "--deep", "--skip", "gil,syscalls")
     top = rep["findings"][0]
@@ -63,8 +55,8 @@ def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(sixt
 
 
 @pytest.mark.live
-def test_oversubscription_is_found_without_ebpf_from_schedstat(sixteen_threads):
-    w = sixteen_threads
+def test_oversubscription_is_found_without_ebpf_from_schedstat(workload):
+    w = workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
     with busy_process():
         rep = diagnose(w.pid, "--deep", "--skip", "gil", env={"TRAINPROBE_NO_EBPF": "1"})
     st = {p["name"]: p for p in rep["probes"]}

@@ -40,8 +40,7 @@ def test_the_ledger_gil_rows_on_a_quiet_node_are_found(name, measured):
     gil = next(f for f in rep["findings"] if f["id"] == "gil.contention")
     lo, hi = gil["expected_speedup_interval"]
     assert gil["expected_speedup"] > 1.1
-    if name == "gil-bursts":
-        assert lo <= measured <= hi
+    assert lo <= measured <= hi          # the spinner's middle figure is low (14.74x): its interval holds
     plan = rep.get("plan")
     if plan:
         by = {f["id"]: f["expected_speedup"] for f in rep["findings"]}

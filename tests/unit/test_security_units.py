@@ -22,7 +22,7 @@ import pytest
 from trainprobe.probes.parsers import redact
 from trainprobe.probes.support import sourcelines
 from trainprobe.reports import output
-from tests.helpers import DATA, PY, REPO, run_cli
+from tests.helpers import DATA, PY, REPO, interruptible, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -346,7 +346,7 @@ def test_terminal_escapes_are_shown_escaped():
 
 def _sigint_after(args, delay):
     p = subprocess.Popen([PY, "-m", "trainprobe.agent", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=dict(os.environ, NO_COLOR="1"))
+                         text=True, env=dict(os.environ, NO_COLOR="1"), preexec_fn=interruptible)
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
