@@ -3,7 +3,6 @@ the renderers in reports/ are views of the same dict."""
 from __future__ import annotations
 
 import math
-
 import os
 import platform
 import socket

@@ -8,11 +8,12 @@ the memory policy its heap runs under (what `numactl --membind` changes).
 """
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
+
+from lockstep import Pace, say
 
 
 class Noise(Dataset):
@@ -33,7 +34,7 @@ def main():
     args = ap.parse_args()
     if args.report_policy:
         heap = next((ln for ln in open("/proc/self/numa_maps") if " heap" in ln), "? ?")
-        print(f"POLICY local_rank={os.environ.get('LOCAL_RANK')} policy={heap.split()[1]}", flush=True)
+        say(f"POLICY local_rank={os.environ.get('LOCAL_RANK')} policy={heap.split()[1]}")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -42,25 +43,16 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Noise(), batch_size=16, num_workers=args.num_workers,
                         persistent_workers=args.num_workers > 0)
-    t0 = t_last = time.time()
-    n = n_last = 0
+    pace = Pace(rank, args.seconds, every=20, suffix=f" local_rank={os.environ.get('LOCAL_RANK')}")
+    n = 0
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         n += 1
-        now = time.time()
-        if rank == 0 and now - t_last >= 1.0:
-            print(f"PROGRESS t={now:.3f} steps={n} steps_per_s={(n - n_last) / (now - t_last):.2f} "
-                  f"local_rank={os.environ.get('LOCAL_RANK')}", flush=True)
-            t_last, n_last = now, n
-        if n % 20 == 0:
-            # Stop together: a rank that leaves while another still all-reduces breaks the job.
-            stop = torch.tensor([1.0 if now - t0 >= args.seconds else 0.0])
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            if stop.item() > 0:
-                break
+        if pace.done(n):
+            break
     dist.destroy_process_group()
 
 

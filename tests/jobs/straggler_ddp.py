@@ -17,11 +17,12 @@ and rank 0 prints PROGRESS lines (t, steps, steps_per_s over the last second).
 import argparse
 import math
 import os
-import time
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
+
+from lockstep import Pace, say
 
 
 def extra_host_work(n: int) -> float:
@@ -80,7 +81,7 @@ def main():
         os.sched_setaffinity(0, {mine})
         cpu = str(mine)
     dist.init_process_group("gloo")
-    print(f"RANK rank={rank} pid={os.getpid()} cpu={cpu}", flush=True)
+    say(f"RANK rank={rank} pid={os.getpid()} cpu={cpu}")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(args.features, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, args.width),
         torch.nn.ReLU(), torch.nn.Linear(args.width, 10)))
@@ -91,8 +92,8 @@ def main():
     x_mem = torch.randn(args.batch_size, args.features)
     y = torch.randint(0, 10, (args.batch_size,))
     cause = _cause(args.control)
-    t0 = t_last = time.time()
-    n = n_last = 0
+    pace = Pace(rank, args.seconds, every=50)
+    n = 0
     while True:
         x = next(data) if (data is not None and cause in ("data", "all")) else x_mem
         if slow and args.extra_work and cause in ("compute", "all"):
@@ -102,18 +103,10 @@ def main():
         loss.backward()
         opt.step()
         n += 1
-        now = time.time()
-        if rank == 0 and now - t_last >= 1.0:
-            print(f"PROGRESS t={now:.3f} steps={n} steps_per_s={(n - n_last) / (now - t_last):.2f}", flush=True)
-            t_last, n_last = now, n
         if n % 10 == 0:
             cause = _cause(args.control)
-            if args.seconds and n % 50 == 0:
-                # Stop together: a rank that leaves while another still all-reduces breaks the job.
-                stop = torch.tensor([1.0 if now - t0 >= args.seconds else 0.0])
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-                if stop.item() > 0:
-                    break
+        if pace.done(n):
+            break
     dist.destroy_process_group()
 
 

@@ -17,6 +17,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _local_rank(pid):
     with open(f"/proc/{pid}/environ", "rb") as fh:
         for item in fh.read().split(b"\0"):
@@ -44,11 +52,7 @@ def ddp_job():
                 if r is not None:
                     ranks[r] = int(kid)
     yield proc.pid, ranks
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop(proc)
 
 
 def _check(rep, ranks):
@@ -112,11 +116,7 @@ def compute_straggler_job():
         pytest.fail(f"the job did not start both ranks in time (seen: {ranks}, progress: {progress})\n"
                     + "".join(seen[-20:]) + "\n".join(top))
     yield proc.pid, ranks
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop(proc)
 
 
 def test_local_ranks_get_the_same_straggler_model(compute_straggler_job):
