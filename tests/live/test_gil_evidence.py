@@ -78,5 +78,7 @@ def test_a_loop_blocked_in_native_code_gets_its_off_cpu_time_classified(workload
     # off-CPU time is GIL wait; the blocking reads and waits are classified as such.
     assert tt["frame_kinds"]["io"] > 0.02, tt["frame_kinds"]
     assert tt["frame_kinds"]["idle_wait"] > 0.02, tt["frame_kinds"]
-    assert tt["waits"]["gil"] == 0.0, tt["waits"]
+    # The loop starts a threading.Timer (a Python thread) every step, which holds the GIL for a few
+    # microseconds: 2 of 5 full runs read 0.85% of GIL wait from it; a finding needs 10%.
+    assert tt["waits"]["gil"] < 0.02, tt["waits"]
     assert tt["waits"]["io"] > 0.0 and tt["waits"]["idle_wait"] > 0.0, tt["waits"]
