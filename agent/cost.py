@@ -139,6 +139,24 @@ class Plan:
         }
 
 
+def _estimate(pr: Probe, spec: WatchSpec, job: JobShape) -> ProbeCost:
+    """A probe's cost model, or its class's fixed figure where the model itself fails: a bug in one
+    probe's estimate never stops the diagnosis."""
+    try:
+        return pr.estimate_cost(spec, job)
+    except Exception as exc:  # noqa: BLE001 - any failure of a cost model
+        return ProbeCost(pr.cost_cpu_s_fixed + pr.cost_cpu_s_per_s * spec.window_s, pr.cost_rss_mb,
+                         f"its cost model failed ({type(exc).__name__}: {exc}): the class's fixed figure")
+
+
+def _fit(pr: Probe, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
+    """pr.fit_budget, or None (not planned: does not fit) where its planner fails."""
+    try:
+        return pr.fit_budget(spec, job, cpu_s)
+    except Exception:  # noqa: BLE001 - a planner's bug leaves that probe out, not the diagnosis
+        return None
+
+
 def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = True,
          speed: tuple[float, str] | None = None) -> Plan:
     """Fixed-cost probes first, then the adjustable ones (by priority) share what is left.
@@ -158,27 +176,28 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         probes = [pr for pr in probes if pr.name not in p.skipped]
     fixed = [pr for pr in probes if not pr.adjustable]
     for pr in fixed:
-        p.probes[pr.name] = _scaled(pr.estimate_cost(spec, job), sp)
+        p.probes[pr.name] = _scaled(_estimate(pr, spec, job), sp)
     left = PLAN_MARGIN * total - p.planned_cpu_s
     adjustable = sorted((pr for pr in probes if pr.adjustable), key=lambda pr: pr.budget_priority)
     for i, pr in enumerate(adjustable):
         if not enforce:
-            p.probes[pr.name] = _scaled(pr.estimate_cost(spec, job), sp)
+            p.probes[pr.name] = _scaled(_estimate(pr, spec, job), sp)
             continue
         # Each adjustable probe may take what is left, less a minimum kept for those after it.
         reserve = sum(getattr(q, "min_cost_cpu_s", 0.0) for q in adjustable[i + 1:])
-        cost = pr.fit_budget(spec, job, max(0.0, left - reserve * sp) / sp)
+        cost = _fit(pr, spec, job, max(0.0, left - reserve * sp) / sp)
         if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so,
             # unless that minimum is out of all proportion to the budget (a process of many threads).
-            least = pr.min_cost(spec.window_s, job.threads) * sp
+            least = pr.min_cost(spec.window_s, job.threads,
+                                sum(1 for q in job.processes[1:] if job.children.get(q) == job.pid)) * sp
             if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
                 p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
                                       f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "
                                       f"({total:.2f} CPU-s: {basis}); `--rate N` runs it anyway")
                 continue
-            cost = pr.fit_budget(spec, job, least / sp)
+            cost = _fit(pr, spec, job, least / sp)
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:

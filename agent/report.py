@@ -114,7 +114,8 @@ def _change_from_details(finding_id: str, f: Finding | None) -> Change | None:
         return None
     ch = det["step_model"].get("change") or {}
     if finding_id == "gil.contention" and ch.get("gil_step"):
-        return Change(gil_step=tuple(ch["gil_step"]), gil_freed_cores=float(ch.get("gil_freed_cores") or 0.0))
+        return Change(gil_step=tuple(ch["gil_step"]), gil_freed_cores=float(ch.get("gil_freed_cores") or 0.0),
+                      gil_freed_extra=float(ch.get("gil_freed_extra") or 0.0))
     if finding_id == "cpu.contended" and ch.get("others_removed"):
         return Change(others_removed=tuple(ch["others_removed"]))
     return None

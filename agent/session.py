@@ -226,4 +226,6 @@ def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float,
         cap.reason = redact.text(cap.reason) if cap.reason else cap.reason
         cap.seconds = round(time.monotonic() - m0, 3)
         if thread_cpu is not None:
-            thread_cpu[probe.name] = time.thread_time() - c0
+            # A probe's helper thread (the NVML thread) works for it: its CPU is the probe's.
+            helper = cap.meta.get("helper_thread_cpu_seconds")
+            thread_cpu[probe.name] = time.thread_time() - c0 + (float(helper) if isinstance(helper, (int, float)) else 0.0)

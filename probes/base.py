@@ -61,6 +61,15 @@ class JobShape:
     cpu_capacity_basis: str = ""
 
 
+WORKER_THREADS = 3              # threads of a process of the job beyond the target, before it is read
+
+
+def expected_job_threads(job: JobShape) -> int:
+    """The job's threads before the window: the target's, and WORKER_THREADS for each other process
+    (a DataLoader worker: its main thread and its queues' feeder threads)."""
+    return max(job.threads, 1) + WORKER_THREADS * max(0, len(job.processes) - 1)
+
+
 @dataclass
 class ProbeCost:
     """A probe's expected cost over one window: the whole of it, its children included."""
@@ -449,6 +458,7 @@ class Probe:
     cost_cpu_s_fixed: ClassVar[float] = 0.0
     cost_cpu_s_per_s: ClassVar[float] = 0.0
     cost_cpu_s_per_process: ClassVar[float] = 0.0   # each process of the job beyond the target
+    cost_cpu_s_per_thread: ClassVar[float] = 0.0    # each thread of the job (expected_job_threads)
     cost_rss_mb: ClassVar[float] = 0.0
     # Probes whose cost follows a setting (a sampling rate, a poll interval) say so: the session gives
     # them what is left of the budget, in this order, through `fit_budget`.
@@ -461,9 +471,11 @@ class Probe:
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         """This probe's CPU-s and RSS over the window, before it runs (the default: the class model)."""
         extra = max(0, len(job.processes) - 1)
+        threads = expected_job_threads(job)
         return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s
-                         + self.cost_cpu_s_per_process * extra, self.cost_rss_mb,
-                         f"measured model, {extra + 1} process(es)")
+                         + self.cost_cpu_s_per_process * extra + self.cost_cpu_s_per_thread * threads,
+                         self.cost_rss_mb, f"measured model, {extra + 1} process(es)"
+                         + (f", about {threads} threads" if self.cost_cpu_s_per_thread else ""))
 
     def adds_nothing(self, spec: WatchSpec, job: JobShape) -> str | None:
         """Why this probe would add no evidence on this host (the budget then leaves it out, saying

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from trainprobe.probes.base import (Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec,
-                                   target_exists)
+                                   expected_job_threads, target_exists)
 from trainprobe.probes.errors import ProbeError, TargetGone
 from trainprobe.probes.parsers import procfs, redact
 from trainprobe.probes.schema import ContentionEvidence
@@ -188,6 +188,9 @@ class ContentionProbe(Probe):
     cost_cpu_s_fixed = 0.009
     cost_cpu_s_per_s = 0.0005
     COST_PER_HOST_PROCESS_S = 3 * 30e-6       # three scans
+    # Its three scans read every thread of the job (run-queue delay per thread): 0.05 CPU-s for a
+    # 34-thread CUDA process and 0.06-0.08 with 14 workers on the H200 node (benchmarks/gpu_cost.py).
+    COST_PER_JOB_THREAD_S = 0.0008
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)
@@ -197,9 +200,10 @@ class ContentionProbe(Probe):
             n = min(MAX_PROCESSES, sum(1 for e in os.listdir(procfs.path(spec.root, "proc")) if e.isdigit()))
         except OSError:
             n = 0
-        extra = max(0.0, n - 150) * self.COST_PER_HOST_PROCESS_S
+        threads = expected_job_threads(job)
+        extra = max(0.0, n - 150) * self.COST_PER_HOST_PROCESS_S + self.COST_PER_JOB_THREAD_S * threads
         return ProbeCost(self.cost_cpu_s_fixed + self.cost_cpu_s_per_s * spec.window_s + extra, 0.0,
-                         f"measured model, {n} processes on the host")
+                         f"measured model, {n} processes on the host, about {threads} threads in the job")
 
     def capture(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float) -> None:
         root, pid = spec.root, spec.pid

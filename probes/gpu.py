@@ -110,6 +110,8 @@ class GpuProbe(Probe):
         rec.note("nvml", f"{acct['nvml_calls']} NVML calls over {len(raw['gpus'])} GPU(s)", 0, t0, time.time() - t0)
         rec.capture.meta["overhead"] = {**acct, "poll_interval_s": poll_s, "samples_every_s": SAMPLES_EVERY_S,
                                         "process_lists_every_s": PROCESS_LIST_EVERY_S}
+        # The NVML thread's CPU is this probe's too (the session adds it to the probe's thread CPU).
+        rec.capture.meta["helper_thread_cpu_seconds"] = acct["nvml_call_cpu_seconds"]
 
     @staticmethod
     def parse(capture: Capture) -> GpuEvidence:

@@ -132,11 +132,13 @@ class ProcessProbe(Probe):
     cost = "negligible: two /proc snapshots and a child listing every 0.5 s"
     timeout_s = 10.0
     evidence_schema = ProcessEvidence
-    cost_cpu_s_fixed = 0.015       # measured per 10 s window, capture and parse (docs/cost.md)
-    # Each process of the job beyond the target (the workers' aggregate every 0.5 s reads each
-    # worker's threads): 0.054 CPU-s with 4 workers and 0.062 with 8 on the 2-CPU machine, 0.07 with
-    # 14 on the GPU node (benchmarks/bench_cost.py, gpu_cost.py).
-    cost_cpu_s_per_process = 0.006
+    # Measured per 10 s window, capture and parse (docs/cost.md, benchmarks/gpu_cost.py on the H200
+    # node): every 0.5 s it reads each thread of the job, so threads set its cost: 0.040 CPU-s for a
+    # CUDA process of 34 threads, 0.071-0.106 with 14 workers; 0.020 for a 3-thread job on the 2-CPU
+    # VM running 1.7x slow.
+    cost_cpu_s_fixed = 0.012
+    cost_cpu_s_per_process = 0.001
+    cost_cpu_s_per_thread = 0.00065
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)

@@ -51,16 +51,31 @@ DEFAULT_RATE_HZ = 25
 # per sample (forked workers share their parent's thread ids, so every sample re-writes every frame).
 PYSPY_FIXED_CPU_S = 0.02
 PYSPY_RSS_MB = 14.0
-SAMPLE_CPU_S = 0.0004          # per sample of one process, its own sampler
-# py-spy reads every thread on each sample: per thread of the target, 0.12-0.17 ms a sample for
-# Python threads (the 2-CPU machine: 9 threads, 1.4 ms), 0.09 ms for a CUDA process's mostly native
-# threads (the GPU node: 19 threads, 0.27 CPU-s for 148 samples; benchmarks/gpu_cost.py).
-SAMPLE_CPU_S_PER_THREAD = 0.00013
+SAMPLE_CPU_S = 0.00035         # per sample of one process of one thread, its own sampler
+# py-spy walks every Python thread's frames on each sample and looks up every OS thread of the
+# target; a thread with no Python state (an OpenMP pool, CUDA's, torch's autograd threads) costs
+# little. Measured (benchmarks/bench_pyspy_threads.py, py-spy 0.4.3, the H200 node): 0.45 ms a
+# sample of a 1-thread loop, +0.011 ms per idle native thread (16 and 48 of them), +0.05-0.19 ms
+# per Python thread (a multiprocessing feeder thread's few frames to 16 frames deep); a CUDA
+# training process of 34 threads, 2 of them Python, 0.63 ms; one with 14 DataLoader workers (19
+# threads, 17 of them Python: the main thread, one feeder thread per worker's index queue, the
+# pin-memory thread) 1.39-1.50 ms. The 2-CPU VM: 0.8 ms, +0.02 and +0.45 ms at its slower speed.
+SAMPLE_CPU_S_PER_THREAD = 0.00001
+SAMPLE_CPU_S_PER_PYTHON_THREAD = 0.00005
 
 
-def sample_cpu_s(threads: int) -> float:
-    """py-spy's CPU (and the parse) per sample of one process with `threads` threads."""
-    return max(SAMPLE_CPU_S, SAMPLE_CPU_S_PER_THREAD * max(threads, 1))
+def python_threads(threads: int, workers: int = 0) -> int:
+    """The Python threads a training process is expected to have before py-spy has read it: its main
+    thread and, with DataLoader workers, one multiprocessing feeder thread per worker's index queue
+    and the pin-memory thread (at most its OS threads)."""
+    return max(1, min(max(threads, 1), 1 + (workers + 1 if workers > 0 else 0)))
+
+
+def sample_cpu_s(threads: int, workers: int = 0) -> float:
+    """py-spy's CPU (and the parse) per sample of one process with `threads` OS threads and
+    `workers` DataLoader workers (which set how many of those threads are Python's)."""
+    return (SAMPLE_CPU_S + SAMPLE_CPU_S_PER_THREAD * max(threads, 1)
+            + SAMPLE_CPU_S_PER_PYTHON_THREAD * (python_threads(threads, workers) - 1))
 SAMPLE_CPU_S_SUBPROCESSES = 0.0008   # per sample of each process under one --subprocesses sampler
 MIN_MAIN_RATE_HZ = 10          # 100 samples per 10 s: shares to +-10 points; coarser cannot rank fixes
 # Whatever the window, the training thread gets at least this many samples (a share to about +-8
@@ -129,7 +144,7 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
     per_window = max(window_s, 0.5)
     least = min(max_rate_hz, min_main_rate(window_s))     # a rate asked for below the minimum is kept
     tree = bool(ranks or any(children.get(p) not in (None, main) for p in processes[1:]))
-    main_sample = sample_cpu_s(threads)
+    main_sample = sample_cpu_s(threads, len(workers))
     least_cost = PYSPY_FIXED_CPU_S + least * per_window * (
         len(processes) * SAMPLE_CPU_S_SUBPROCESSES if tree else main_sample)
     # The GIL sampler comes out of the budget first (it is small), at the highest rate that leaves
@@ -211,8 +226,9 @@ class PySpyProbe(Probe):
     name = "pyspy"
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
-    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.4 ms per sample of one process "
-            "(0.12 CPU-s for the training process at 25 Hz over 10 s), and the GIL sampler (0.018 CPU-s plus "
+    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.35 ms per sample of one process "
+            "(+0.01 ms per thread, +0.05 ms per Python thread beyond the first: 0.1-0.15 CPU-s for a training process "
+            "at 25 Hz over 10 s), and the GIL sampler (0.018 CPU-s plus "
             "0.15 ms a sample: 0.033 CPU-s at 10 Hz over 10 s); the target is never stopped")
     timeout_s = 15.0
     evidence_schema = PySpyEvidence
@@ -224,11 +240,11 @@ class PySpyProbe(Probe):
         return pyspy_availability(spec)
 
     @staticmethod
-    def min_cost(window_s: float, threads: int = 1) -> float:
+    def min_cost(window_s: float, threads: int = 1, workers: int = 0) -> float:
         """The training process alone at min_main_rate, and the GIL sampler at its least rate: the least
         sampling worth a diagnosis."""
         gil = gil_sampler_cost(gil_rate(window_s, MIN_GIL_SAMPLES), window_s) if threads > 1 else 0.0
-        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * sample_cpu_s(threads) + gil + 1e-6
+        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * sample_cpu_s(threads, workers) + gil + 1e-6
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))

@@ -20,7 +20,8 @@ cpu.oversubscribed) and by the report's plan. Today's step is 1. Its parts:
 
 The step after a fix is the largest of what stays in place:
     loop   the loop's own time after the fix (less the sync, launch or copy time removed, times
-           A_PIN after a pinning fix, times L/n' when its intra-op threads are capped at n'),
+           A_PIN after a pinning fix, times (1 + e (L - 1)) / (1 + e (n' - 1)) when its intra-op
+           threads are capped at n', e the parallel efficiency par_eff: L/n' at e = 1),
            plus f_load while the loop still loads batches itself,
     data   k D / (W e(W)): W workers each at the per-worker rate e(W) of today's (e falls as W grows
            beside the P CPUs: memory bandwidth, decode, the CPUs shared with the loop, the pin-memory
@@ -83,6 +84,11 @@ class Calibration:
                 its CPU (the cap's waste sigma, see the module docstring)
     compile_fusion  the loop's and the GPU's time after torch.compile of an eager model, over what
                 launch capture alone leaves (kernel fusion): a prior for the interval, not fitted
+    par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
+                with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
+                from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
+                waited, and the cap costs nothing). Small ops on a few CPUs scale far from perfectly
+                (a VAE on MNIST on 2 CPUs: its loop lost under 20% with 1 thread instead of 2)
     """
     handoff_k: tuple[float, float, float] = (1.0, 1.5, 2.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
@@ -92,6 +98,7 @@ class Calibration:
     compile_e: tuple[float, float, float] = (0.80, 0.60, 0.45)
     switch_us: tuple[float, float, float] = (60.0, 30.0, 0.0)
     compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
+    par_eff: tuple[float, float, float] = (0.0, 0.2, 1.0)
 
 
 CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
@@ -135,6 +142,7 @@ class Change:
     # included), and the cores the holder and the loop's lost CPU time free.
     gil_step: tuple[float, float, float] | None = None
     gil_freed_cores: float = 0.0
+    gil_freed_extra: float = 0.0          # more cores freed at the optimistic end (the team's spin)
     # cpu.contended's fix (other processes off the job's CPUs): the training thread's run-queue wait
     # r and the part of it its own threads cause, r_self; the job gets all P CPUs back.
     others_removed: tuple[float, float] | None = None
@@ -145,7 +153,7 @@ class Change:
             a, b = getattr(self, k), getattr(other, k)
             if k == "sample_cost":
                 kw[k] = min(a, b)
-            elif k == "gil_freed_cores":
+            elif k in ("gil_freed_cores", "gil_freed_extra"):
                 kw[k] = max(a, b)
             elif isinstance(a, bool) or isinstance(b, bool):
                 kw[k] = bool(a or b)
@@ -251,7 +259,11 @@ class StepModel:
         else:
             free = min(self.p_allowed, max(self.u, 0.05))   # they went to others, who keep them
         held = max(min(n + workers, free), 0.05)
-        f = (1.0 - self.sigma(sc, cal)) * self.u / held
+        # The CPU the job needs after the cap: today's, less what the capped-away threads spent beyond
+        # their parallel speed (par_eff: all of it useful at e = 1).
+        e = cal.par_eff[SCENARIOS.index(sc)]
+        useful = self.u - (1.0 - e) * max(self.loop_cores - n, 0.0) * self.c
+        f = (1.0 - self.sigma(sc, cal)) * max(useful, 0.05) / held
         if sc == "hi" and self.shared():
             f *= 1.0 + CAP_SHARED_LOSS
         return f
@@ -295,8 +307,15 @@ class StepModel:
         n = ch.intra_threads or n_now
         if ch.runq_removed:
             loop *= self.cap_factor(n, w, sc, cal)
-        if n < self.loop_cores:
-            loop *= self.loop_cores / n
+        cap_du = 0.0
+        if n < self.loop_cores and not ch.runq_removed:
+            # (With the run-queue wait removed, cap_factor has the cap's CPU accounting.)
+            # Capped from L cores to n: the compute takes (1 + e (L - 1)) / (1 + e (n - 1)) as long, and
+            # uses n cores instead of L while it runs (the CPU the other threads spun or worked with).
+            e = cal.par_eff[i]
+            grow = (1.0 + e * (self.loop_cores - 1.0)) / (1.0 + e * (n - 1.0))
+            cap_du = c * (grow * n - self.loop_cores)
+            loop *= grow
         if self.p and w > self.w_now:
             # Busy workers share the loop's CPUs: its time grows by beta W / P (all W workers: today's
             # step already carries today's, but the measured rows cannot separate the two).
@@ -339,7 +358,7 @@ class StepModel:
                 if w > self.w_now and self.worker_cores > 0:
                     # The workers' CPU per batch at the higher rate: the same batches cost 1/e as much.
                     u += self.worker_cores * ch.sample_cost * (1.0 / eff - 1.0)
-            u = max(u - ch.gil_freed_cores, 0.0)
+            u = max(u + cap_du - ch.gil_freed_cores - (ch.gil_freed_extra if sc == "lo" else 0.0), 0.0)
             # Other processes off its CPUs: the job counts on all it may use.
             p = self.p_allowed if (ch.others_removed is not None and self.p_allowed) else self.p
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads

@@ -164,7 +164,7 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
              and (f_data is None or f_data < 0.10))
     ch = Change(intra_threads=n_after, workers=nt["n_workers_cap"] if fewer else None, runq_removed=True)
     step = m.after(ch) if m is not None else None
-    if step is None or worker_gain > step.speedup:
+    if step is None or (worker_hit and f_data is not None and worker_gain > step.speedup):
         lo_r = min(r_workers, f_data or 0.0)
         bound = (f"workers wait for a CPU {r_workers:.2f} of the window and the loop waits on data f={f_data:.2f}: "
                  f"1/(1-min(r_w,f))={worker_gain:.2f}x")

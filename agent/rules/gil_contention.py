@@ -129,12 +129,30 @@ def _holder_cores(ev: Evidence, tid: Any) -> float:
     return 0.0
 
 
+def _team_cores(ev: Evidence, tid: Any) -> float:
+    """Cores the training process's other threads used (its intra-op team, helpers): neither the GIL's
+    holder, nor the training thread, nor the pin-memory thread."""
+    proc = ev.get("process") or {}
+    me = next((p for p in proc.get("processes") or [] if p.get("pid") == proc.get("pid")), None) or {}
+    threads = me.get("threads") or []
+    train = max(threads, key=lambda t: float(t.get("cpu_fraction") or 0.0), default=None)
+    spy = ((ev.get("pyspy") or {}).get("training_thread") or {}).get("tid")
+    skip = {tid, spy if spy is not None else (train or {}).get("tid")}
+    return sum(float(t.get("cpu_fraction") or 0.0) for t in threads
+               if t.get("tid") not in skip and not any(k in (t.get("name") or "") for k in step_model.PIN_THREAD))
+
+
 def change_of(ev: Evidence, m: dict, tid: Any) -> Change:
     """gil.contention's fix in the step model's terms: the loop's step after it (the GIL model's
-    three ends) and the cores freed."""
+    three ends) and the cores freed: the holder's, the loop's own CPU time saved and, at the
+    interval's optimistic end, what its intra-op team burnt while the loop waited for the GIL or a
+    CPU (OpenMP threads spin at a barrier for their master: a share g + r of their CPU)."""
     c = max(float(m.get("c") or 0.0), 0.02)
-    shrink = c * (1.0 - (1.0 - min(max(float(m["g"]), 0.0), 0.97)) ** ALPHA)   # the loop's CPU time saved
-    return Change(gil_step=_steps(m), gil_freed_cores=_holder_cores(ev, tid) + shrink)
+    g = min(max(float(m["g"]), 0.0), 0.97)
+    shrink = c * (1.0 - (1.0 - g) ** ALPHA)   # the loop's CPU time saved
+    waited = min(g + max(float(m.get("r") or 0.0), 0.0), 1.0)
+    return Change(gil_step=_steps(m), gil_freed_cores=_holder_cores(ev, tid) + shrink,
+                  gil_freed_extra=_team_cores(ev, tid) * waited)
 
 
 def on_step_model(ev: Evidence, m: dict, tid: Any) -> tuple[float, tuple[float, float], str | None, dict | None]:
@@ -150,7 +168,8 @@ def on_step_model(ev: Evidence, m: dict, tid: Any) -> tuple[float, tuple[float, 
     lo, hi = step.interval
     sp = max(step.speedup, 1.0)
     details = {**sm.details(step), "change": {"gil_step": [round(x, 4) for x in ch.gil_step or ()],
-                                              "gil_freed_cores": round(ch.gil_freed_cores, 4)}}
+                                              "gil_freed_cores": round(ch.gil_freed_cores, 4),
+                                              "gil_freed_extra": round(ch.gil_freed_extra, 4)}}
     return sp, (min(lo, sp), max(hi, sp)), step_model.BINDING_WORDS.get(step.binding, step.binding), details
 
 

@@ -1,0 +1,56 @@
+"""The cost model the plan uses: py-spy's per-sample cost by thread kind, the job's threads, and a
+plan that survives a probe whose own cost model fails."""
+import pytest
+
+from trainprobe.agent import cost
+from trainprobe.probes import pyspy
+from trainprobe.probes.base import JobShape, Probe, ProbeCost, WatchSpec, expected_job_threads
+
+
+@pytest.mark.parametrize("threads,workers,measured_ms", [
+    (1, 0, 0.452),       # benchmarks/bench_pyspy_threads.py on the H200 node: a 1-thread loop
+    (48, 0, 0.878),      # + 47 idle native threads (an OpenMP pool)
+    (34, 0, 0.632),      # the CUDA training job without workers (34 threads, 2 of them Python)
+    (19, 14, 1.498),     # the same job with 14 workers (17 Python threads: feeders, pin-memory)
+])
+def test_py_spy_per_sample_cost_is_within_30_percent_of_the_measured_one(threads, workers, measured_ms):
+    planned = pyspy.sample_cpu_s(threads, workers) * 1000
+    assert 0.7 <= planned / measured_ms <= 1.3, (planned, measured_ms)
+
+
+def test_the_old_per_thread_figure_would_have_overestimated_a_cuda_process_sevenfold():
+    # 0.13 ms per OS thread for the 34-thread job: 4.4 ms planned against 0.63 ms measured.
+    assert 0.00013 * 34 / pyspy.sample_cpu_s(34, 0) > 5
+
+
+def test_python_threads_are_expected_from_the_workers():
+    assert pyspy.python_threads(34, 0) == 1
+    assert pyspy.python_threads(19, 14) == 16            # main, 14 feeder threads, pin-memory
+    assert pyspy.python_threads(3, 14) == 3              # never more than the OS threads
+
+
+def test_expected_job_threads_counts_the_target_and_each_worker():
+    job = JobShape(pid=1, processes=(1, 2, 3), children={2: 1, 3: 1}, threads=10)
+    assert expected_job_threads(job) == 10 + 2 * 3
+
+
+class _Broken(Probe):
+    name = "broken"
+    cost_cpu_s_fixed = 0.01
+
+    def estimate_cost(self, spec, job):
+        raise ZeroDivisionError("no")
+
+
+class _Fine(Probe):
+    name = "fine"
+    cost_cpu_s_fixed = 0.02
+
+
+def test_a_probe_whose_cost_model_fails_is_planned_at_its_fixed_figure():
+    spec = WatchSpec(pid=1, window_s=10.0)
+    p = cost.plan(spec, [_Broken(), _Fine()], JobShape(pid=1, processes=(1,), cpu_capacity=2.0), speed=(1.0, "x"))
+    assert p.probes["broken"].cpu_s == pytest.approx(0.01)
+    assert "cost model failed" in p.probes["broken"].basis
+    assert p.probes["fine"].cpu_s == pytest.approx(0.02)
+    assert isinstance(p.probes["fine"], ProbeCost)
