@@ -189,8 +189,8 @@ class ContentionProbe(Probe):
     cost_cpu_s_per_s = 0.0005
     COST_PER_HOST_PROCESS_S = 3 * 30e-6       # three scans
     # Its three scans read every thread of the job (run-queue delay per thread): 0.05 CPU-s for a
-    # 34-thread CUDA process and 0.06-0.08 with 14 workers on the H200 node (benchmarks/gpu_cost.py).
-    COST_PER_JOB_THREAD_S = 0.0008
+    # 34-thread CUDA process and 0.06-0.09 with 14 workers on the H200 node (benchmarks/gpu_cost.py).
+    COST_PER_JOB_THREAD_S = 0.0007
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)

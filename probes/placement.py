@@ -405,8 +405,13 @@ class PlacementProbe(Probe):
     cost = "small: thread stat sampled ~8 times, numa_maps read once per process"
     timeout_s = 15.0
     evidence_schema = PlacementEvidence
-    cost_cpu_s_fixed = 0.006      # measured per 10 s window, capture and parse (docs/cost.md):
-    cost_cpu_s_per_process = 0.003  # 0.006 (no workers), 0.021 (4), 0.037 (8); GPU node 0.03-0.04 (14)
+    # Measured per 10 s window, capture and parse (docs/cost.md): it samples every thread's stat, so
+    # threads set its cost: 0.006 for a 3-thread job on the 2-CPU VM, 0.021 (4 workers), 0.037 (8);
+    # on the H200 node 0.030 for a 34-thread CUDA process, 0.072-0.078 with 14 workers
+    # (benchmarks/gpu_cost.py, at 1.3x the models' speed).
+    cost_cpu_s_fixed = 0.006
+    cost_cpu_s_per_process = 0.0015
+    cost_cpu_s_per_thread = 0.00045
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)

