@@ -641,9 +641,11 @@ def render(leds: list[dict[str, Any]]) -> str:
            "interval of their geometric mean.", ""]
     for led in leds:
         m = led["meta"]
-        out += [f"### {m['kind'].upper()}: {m.get('gpu') or 'no GPU'}, {m['cpus']} CPUs", "",
+        out += [f"### {m['kind'].upper()}: {m.get('gpu') or 'no GPU'}, {m['cpus']} CPUs"
+                + (f", load average {m['loadavg_start'][0]:.0f}" if m["loadavg_start"][0] >= 4 else ""), "",
                 f"`{m['command']}` (torch {m.get('torch')}; load average at start "
                 f"{', '.join(f'{x:.2f}' for x in m['loadavg_start'])}; {m['wall_s']:.0f} s; {m['when']})", "",
+                *([m["note"], ""] if m.get("note") else []),
                 "| job | top finding | predicted (interval) | fix applied | measured (95% interval), reps | pred/meas |",
                 "|---|---|---|---|---|---|"]
         for r in led["rows"]:
