@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +55,55 @@ def job_shape(pid: int, root: str = "/") -> JobShape:
         kids = []
     status = procfs.parse_status(procfs.try_read_text(root, f"proc/{pid}/status") or "")
     cap, basis = procfs.cpu_capacity(pid, root)
+    threads = int(status.get("Threads", "1") or 1)
     return JobShape(pid=pid, processes=(pid, *[k for k, _ in kids]), children=dict(kids),
-                    threads=int(status.get("Threads", "1") or 1), cpu_capacity=cap, cpu_capacity_basis=basis,
+                    threads=threads, busy_threads=busy_threads(pid, root) if 1 < threads <= BUSY_READ_LIMIT else None,
+                    cpu_capacity=cap, cpu_capacity_basis=basis,
                     ranks=tuple(k for k, parent in kids if parent == pid and _has_local_rank(k, root)))
+
+
+BUSY_READ_LIMIT = 256          # threads of the target read for busy_threads (more: not read)
+BUSY_GAP_S = 0.1               # between the two readings of each thread's on-CPU time
+BUSY_RECENT = 0.05             # a thread on a CPU this share of the gap is busy
+BUSY_LIFETIME = 0.05           # or this share of its life (a periodic holder: 100 ms a second is 10%)
+
+
+def busy_threads(pid: int, root: str = "/") -> int | None:
+    """Threads of `pid` that ran at least BUSY_RECENT of a BUSY_GAP_S gap or BUSY_LIFETIME of their
+    life (schedstat's on-CPU ns, stat's start time); None where /proc cannot say."""
+    def read() -> dict[str, tuple[float, float]]:
+        out = {}
+        try:
+            tids = os.listdir(procfs.path(root, f"proc/{pid}/task"))
+        except OSError:
+            return out
+        for tid in tids[:BUSY_READ_LIMIT]:
+            ss = procfs.parse_schedstat(procfs.try_read_text(root, f"proc/{pid}/task/{tid}/schedstat"))
+            st = procfs.try_read_text(root, f"proc/{pid}/task/{tid}/stat")
+            if ss is None or not st:
+                continue
+            try:
+                start = procfs.parse_stat(st)["starttime_ticks"] / procfs.CLK_TCK
+            except (ValueError, IndexError, KeyError):
+                continue
+            out[tid] = (ss["run_s"], start)
+        return out
+
+    try:
+        up0 = float((procfs.try_read_text(root, "proc/uptime") or "0").split()[0])
+        a = read()
+        time.sleep(BUSY_GAP_S)
+        b = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    if not a or not b:
+        return None
+    n = 0
+    for tid, (run1, start) in b.items():
+        run0 = a.get(tid, (run1, start))[0]
+        life = max(up0 - start, 1e-3)
+        n += (run1 - run0) / BUSY_GAP_S >= BUSY_RECENT or run0 / life >= BUSY_LIFETIME
+    return n
 
 
 def _has_local_rank(pid: int, root: str) -> bool:

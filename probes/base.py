@@ -56,6 +56,9 @@ class JobShape:
     processes: tuple[int, ...] = ()        # the target and its descendants (DataLoader workers, ranks)
     children: dict[int, int] = field(default_factory=dict)   # descendant pid -> parent pid
     threads: int = 1                       # threads of the target process
+    # threads of the target that used a CPU lately or over their life (None: not read); at most one
+    # means no other thread can hold the GIL for long, and the GIL sampler is not planned
+    busy_threads: int | None = None
     ranks: tuple[int, ...] = ()            # children that are ranks of a launcher (LOCAL_RANK set)
     cpu_capacity: float = 1.0              # CPUs the job may use: affinity, capped by its cgroup quota
     cpu_capacity_basis: str = ""

@@ -51,7 +51,7 @@ DEFAULT_RATE_HZ = 25
 # per sample (forked workers share their parent's thread ids, so every sample re-writes every frame).
 PYSPY_FIXED_CPU_S = 0.02
 PYSPY_RSS_MB = 14.0
-SAMPLE_CPU_S = 0.00035         # per sample of one process of one thread, its own sampler
+SAMPLE_CPU_S = 0.00038         # per sample of one process of one thread, its own sampler, with its parse
 # py-spy walks every Python thread's frames on each sample and looks up every OS thread of the
 # target; a thread with no Python state (an OpenMP pool, CUDA's, torch's autograd threads) costs
 # little. Measured (benchmarks/bench_pyspy_threads.py, py-spy 0.4.3, the H200 node): 0.45 ms a
@@ -123,17 +123,23 @@ def gil_sampler_cost(rate_hz: float, window_s: float) -> float:
     return GIL_FIXED_CPU_S + rate_hz * max(window_s, 0.5) * GIL_SAMPLE_CPU_S if rate_hz > 0 else 0.0
 
 
-def _gil_plan(threads: int, ranks: tuple[int, ...]) -> str | None:
+def _gil_plan(threads: int, ranks: tuple[int, ...], busy: int | None = None) -> str | None:
     """Why no GIL sampler is planned, or None when one is."""
     if ranks:
         return "the target is a launcher: its ranks' GIL is not sampled"
     if threads <= 1:
         return "the training process had one thread: no other thread can hold the GIL"
+    if busy is not None and busy <= 1:
+        # A thread holding the GIL runs Python on a CPU: one that has not run (over a 0.1 s look and
+        # over its life) cannot hold it for a share worth a finding.
+        return ("no thread of the training process but one used a CPU (5% of 0.1 s, or 5% of its life): "
+                "no other thread holds the GIL for long")
     return None
 
 
 def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[int, int], cpu_s: float,
-                  max_rate_hz: int, threads: int = 1, ranks: tuple[int, ...] = ()) -> dict[str, Any] | None:
+                  max_rate_hz: int, threads: int = 1, ranks: tuple[int, ...] = (),
+                  busy: int | None = None) -> dict[str, Any] | None:
     """The cheapest sampling that fits `cpu_s`: the target at up to `max_rate_hz`; its workers at a
     lower rate, a rotating subset of MAX_WORKER_SAMPLERS at a time; None if not even the target fits.
 
@@ -149,7 +155,7 @@ def plan_sampling(window_s: float, processes: tuple[int, ...], children: dict[in
         len(processes) * SAMPLE_CPU_S_SUBPROCESSES if tree else main_sample)
     # The GIL sampler comes out of the budget first (it is small), at the highest rate that leaves
     # the training thread its least rate.
-    gil_why = _gil_plan(threads, ranks)
+    gil_why = _gil_plan(threads, ranks, busy)
     if gil_why is None:
         g_rate = next((g for g in (gil_rate(window_s), gil_rate(window_s, MIN_GIL_SAMPLES))
                        if cpu_s - gil_sampler_cost(g, window_s) >= least_cost), 0)
@@ -226,7 +232,7 @@ class PySpyProbe(Probe):
     name = "pyspy"
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
-    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.35 ms per sample of one process "
+    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.38 ms per sample of one process "
             "(+0.01 ms per thread, +0.05 ms per Python thread beyond the first: 0.1-0.15 CPU-s for a training process "
             "at 25 Hz over 10 s), and the GIL sampler (0.018 CPU-s plus "
             "0.15 ms a sample: 0.033 CPU-s at 10 Hz over 10 s); the target is never stopped")
@@ -248,7 +254,7 @@ class PySpyProbe(Probe):
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))
-        gil = _gil_plan(job.threads, job.ranks) is None
+        gil = _gil_plan(job.threads, job.ranks, job.busy_threads) is None
         return ProbeCost(PYSPY_FIXED_CPU_S + spec.rate_hz * spec.window_s * n * SAMPLE_CPU_S_SUBPROCESSES
                          + (gil_sampler_cost(gil_rate(spec.window_s), spec.window_s) if gil else 0.0),
                          PYSPY_RSS_MB * (1 + n / 4 + gil),
@@ -257,7 +263,7 @@ class PySpyProbe(Probe):
 
     def fit_budget(self, spec: WatchSpec, job: JobShape, cpu_s: float) -> ProbeCost | None:
         plan = plan_sampling(spec.window_s, job.processes or (spec.pid,), job.children, cpu_s, spec.rate_hz,
-                             job.threads, job.ranks)
+                             job.threads, job.ranks, job.busy_threads)
         if plan is None:
             return None
         spec.options["pyspy_plan"] = plan

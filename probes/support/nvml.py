@@ -8,6 +8,7 @@ session opens.
 from __future__ import annotations
 
 import queue
+import os
 import sys
 import threading
 import time
@@ -49,9 +50,17 @@ def _nvml_thread(jobs: "queue.Queue[Any]") -> None:
         done.set()
 
 
+def _device_nodes() -> bool:
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia"))
+
+
 def _driver_library_loads() -> bool:
     """Whether the NVML library pynvml loads on Linux (`libnvidia-ml.so.1`, found the way the
     dynamic loader finds it) can be loaded."""
+    # Without the driver's device nodes NVML cannot work, whatever library is installed: say so
+    # without loading ctypes (a diagnose on a CPU host pays nothing for the GPU probe's check).
+    if not _device_nodes():
+        return False
     import ctypes  # noqa: PLC0415
 
     try:
@@ -110,7 +119,9 @@ class Nvml:
     def open(self) -> None:
         if "pynvml" not in sys.modules and sys.platform.startswith("linux") and not _driver_library_loads():
             # pynvml's import (about 10 ms of CPU) is not worth paying for the answer "no driver".
-            raise Unavailable(_REASONS["NVML_ERROR_LIBRARY_NOT_FOUND"])
+            raise Unavailable(_REASONS["NVML_ERROR_LIBRARY_NOT_FOUND"] if _device_nodes() else
+                              "no NVIDIA driver: no /dev/nvidiactl, /dev/nvidia0 or /proc/driver/nvidia "
+                              "(libnvidia-ml.so not loaded)")
         try:
             import pynvml  # noqa: PLC0415 - heavy and optional: only when a GPU probe runs
         except ImportError:
