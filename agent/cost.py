@@ -56,9 +56,9 @@ def job_shape(pid: int, root: str = "/") -> JobShape:
     status = procfs.parse_status(procfs.try_read_text(root, f"proc/{pid}/status") or "")
     cap, basis = procfs.cpu_capacity(pid, root)
     threads = int(status.get("Threads", "1") or 1)
+    busy = busy_threads(pid, root) if 1 < threads <= BUSY_READ_LIMIT else None
     return JobShape(pid=pid, processes=(pid, *[k for k, _ in kids]), children=dict(kids),
-                    threads=threads, busy_threads=busy_threads(pid, root) if 1 < threads <= BUSY_READ_LIMIT else None,
-                    cpu_capacity=cap, cpu_capacity_basis=basis,
+                    threads=threads, busy_threads=busy, cpu_capacity=cap, cpu_capacity_basis=basis,
                     ranks=tuple(k for k, parent in kids if parent == pid and _has_local_rank(k, root)))
 
 

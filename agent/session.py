@@ -228,4 +228,5 @@ def _run_probe(probe: Probe, spec: WatchSpec, rec: Recorder, deadline: float,
         if thread_cpu is not None:
             # A probe's helper thread (the NVML thread) works for it: its CPU is the probe's.
             helper = cap.meta.get("helper_thread_cpu_seconds")
-            thread_cpu[probe.name] = time.thread_time() - c0 + (float(helper) if isinstance(helper, (int, float)) else 0.0)
+            extra = float(helper) if isinstance(helper, (int, float)) else 0.0
+            thread_cpu[probe.name] = time.thread_time() - c0 + extra

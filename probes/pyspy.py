@@ -250,7 +250,8 @@ class PySpyProbe(Probe):
         """The training process alone at min_main_rate, and the GIL sampler at its least rate: the least
         sampling worth a diagnosis."""
         gil = gil_sampler_cost(gil_rate(window_s, MIN_GIL_SAMPLES), window_s) if threads > 1 else 0.0
-        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * sample_cpu_s(threads, workers) + gil + 1e-6
+        per_sample = sample_cpu_s(threads, workers)
+        return PYSPY_FIXED_CPU_S + min_main_rate(window_s) * max(window_s, 0.5) * per_sample + gil + 1e-6
 
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         n = max(1, len(job.processes))

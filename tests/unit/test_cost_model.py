@@ -54,3 +54,37 @@ def test_a_probe_whose_cost_model_fails_is_planned_at_its_fixed_figure():
     assert "cost model failed" in p.probes["broken"].basis
     assert p.probes["fine"].cpu_s == pytest.approx(0.02)
     assert isinstance(p.probes["fine"], ProbeCost)
+
+
+def _job_with_a_thread(kind):
+    import subprocess
+    import sys
+    import time
+    code = ("import threading, time\n"
+            "ev = threading.Event()\n"
+            "def spin():\n    while True: pass\n"
+            f"threading.Thread(target={'spin' if kind == 'spin' else 'ev.wait'}, daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    time.sleep(1.5)      # the main thread's start-up falls under 5% of its life
+    return p
+
+
+@pytest.mark.parametrize("kind,busy", [("idle", 0), ("spin", 1)])
+def test_busy_threads_counts_what_ran_on_a_cpu(kind, busy):
+    # A process whose main thread sleeps: an idle thread beside it counts nothing, a spinning one one.
+    p = _job_with_a_thread(kind)
+    try:
+        assert cost.busy_threads(p.pid) == busy
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_no_gil_sampler_beside_only_idle_threads():
+    plan = pyspy.plan_sampling(10.0, (1,), {}, 1.0, 25, threads=3, busy=1)
+    assert plan["gil_rate_hz"] == 0 and "no other thread" in plan["gil_skipped"]
+    plan = pyspy.plan_sampling(10.0, (1,), {}, 1.0, 25, threads=3, busy=2)
+    assert plan["gil_rate_hz"] > 0
