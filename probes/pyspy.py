@@ -51,7 +51,7 @@ DEFAULT_RATE_HZ = 25
 # per sample (forked workers share their parent's thread ids, so every sample re-writes every frame).
 PYSPY_FIXED_CPU_S = 0.02
 PYSPY_RSS_MB = 14.0
-SAMPLE_CPU_S = 0.00038         # per sample of one process of one thread, its own sampler, with its parse
+SAMPLE_CPU_S = 0.00042         # per sample of one process of one thread, its own sampler, with its parse
 # py-spy walks every Python thread's frames on each sample and looks up every OS thread of the
 # target; a thread with no Python state (an OpenMP pool, CUDA's, torch's autograd threads) costs
 # little. Measured (benchmarks/bench_pyspy_threads.py, py-spy 0.4.3, the H200 node): 0.45 ms a
@@ -232,7 +232,7 @@ class PySpyProbe(Probe):
     name = "pyspy"
     description = "Python stacks of the training thread and DataLoader workers (py-spy, non-blocking)"
     needs = ("py-spy", "root or CAP_SYS_PTRACE (or same user with ptrace_scope 0)")
-    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.38 ms per sample of one process "
+    cost = ("py-spy's own CPU and the parse: about 0.02 CPU-s per sampler plus 0.42 ms per sample of one process "
             "(+0.01 ms per thread, +0.05 ms per Python thread beyond the first: 0.1-0.15 CPU-s for a training process "
             "at 25 Hz over 10 s), and the GIL sampler (0.018 CPU-s plus "
             "0.15 ms a sample: 0.033 CPU-s at 10 Hz over 10 s); the target is never stopped")
