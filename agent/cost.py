@@ -71,38 +71,22 @@ BUSY_LIFETIME = 0.05           # or this share of its life (a periodic holder: 1
 def busy_threads(pid: int, root: str = "/") -> int | None:
     """Threads of `pid` that ran at least BUSY_RECENT of a BUSY_GAP_S gap or BUSY_LIFETIME of their
     life (schedstat's on-CPU ns, stat's start time); None where /proc cannot say."""
-    def read() -> dict[str, tuple[float, float]]:
-        out = {}
-        try:
-            tids = os.listdir(procfs.path(root, f"proc/{pid}/task"))
-        except OSError:
-            return out
-        for tid in tids[:BUSY_READ_LIMIT]:
-            ss = procfs.parse_schedstat(procfs.try_read_text(root, f"proc/{pid}/task/{tid}/schedstat"))
-            st = procfs.try_read_text(root, f"proc/{pid}/task/{tid}/stat")
-            if ss is None or not st:
-                continue
-            try:
-                start = procfs.parse_stat(st)["starttime_ticks"] / procfs.CLK_TCK
-            except (ValueError, IndexError, KeyError):
-                continue
-            out[tid] = (ss["run_s"], start)
-        return out
-
     try:
-        up0 = float((procfs.try_read_text(root, "proc/uptime") or "0").split()[0])
-        a = read()
-        time.sleep(BUSY_GAP_S)
-        b = read()
-    except (OSError, ValueError, IndexError):
+        uptime = float((procfs.try_read_text(root, "proc/uptime") or "0").split()[0])
+    except (ValueError, IndexError):
         return None
-    if not a or not b:
+    a = procfs.task_snapshot(root, pid, BUSY_READ_LIMIT)
+    time.sleep(BUSY_GAP_S)
+    b = procfs.task_snapshot(root, pid, BUSY_READ_LIMIT)
+    recent, _ = procfs.thread_cpu_shares({"start": a, "end": b})
+    if not recent:
         return None
     n = 0
-    for tid, (run1, start) in b.items():
-        run0 = a.get(tid, (run1, start))[0]
-        life = max(up0 - start, 1e-3)
-        n += (run1 - run0) / BUSY_GAP_S >= BUSY_RECENT or run0 / life >= BUSY_LIFETIME
+    for tid, (share, _rq) in recent.items():
+        raw = a["tasks"][str(tid)]
+        ss = procfs.parse_schedstat(raw.get("schedstat"))
+        life = max(uptime - procfs.parse_stat(raw["stat"])["starttime_ticks"] / procfs.CLK_TCK, 1e-3)
+        n += share >= BUSY_RECENT or (ss is not None and ss["run_s"] / life >= BUSY_LIFETIME)
     return n
 
 
@@ -237,8 +221,7 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so,
             # unless that minimum is out of all proportion to the budget (a process of many threads).
-            least = pr.min_cost(spec.window_s, job.threads,
-                                sum(1 for q in job.processes[1:] if job.children.get(q) == job.pid)) * sp
+            least = pr.min_cost(spec.window_s, job.threads, job.direct_children) * sp
             if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
                 p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
                                       f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "

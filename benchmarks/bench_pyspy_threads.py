@@ -103,8 +103,7 @@ def measure(label: str, argv: list[str], rate: int, seconds: float, settle: floa
         return row
     finally:
         p.kill()
-        for q in [p]:
-            q.wait()
+        p.wait()
 
 
 def fit(rows: list[dict]) -> dict:

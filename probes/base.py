@@ -63,6 +63,11 @@ class JobShape:
     cpu_capacity: float = 1.0              # CPUs the job may use: affinity, capped by its cgroup quota
     cpu_capacity_basis: str = ""
 
+    @property
+    def direct_children(self) -> int:
+        """Processes whose parent is the target (its DataLoader workers, or a launcher's ranks)."""
+        return sum(1 for p in self.processes[1:] if self.children.get(p) == self.pid)
+
 
 WORKER_THREADS = 3              # threads of a process of the job beyond the target, before it is read
 

@@ -501,20 +501,12 @@ class _GilWatch:
 
 
 def _tids(root: str, pid: int) -> list[str]:
-    try:
-        return sorted(os.listdir(procfs.path(root, f"proc/{pid}/task")), key=lambda t: int(t) if t.isdigit() else 0)
-    except OSError:
-        return []
+    return procfs.thread_ids(root, pid)
 
 
 def task_snapshot(root: str, pid: int) -> dict[str, Any]:
     """The raw /proc/PID/task/TID/{stat,schedstat} of each thread of `pid`, with the monotonic time."""
-    tasks: dict[str, dict[str, str | None]] = {}
-    for tid in _tids(root, pid)[:TASKS_READ_LIMIT]:
-        stat = procfs.try_read_text(root, f"proc/{pid}/task/{tid}/stat")
-        if stat:
-            tasks[tid] = {"stat": stat, "schedstat": procfs.try_read_text(root, f"proc/{pid}/task/{tid}/schedstat")}
-    return {"t": round(time.monotonic(), 6), "tasks": tasks}
+    return procfs.task_snapshot(root, pid, TASKS_READ_LIMIT)
 
 
 _FREE_THREADED = (re.compile(r"python3\.\d+t$"), re.compile(r"libpython3\.\d+t\.so"), re.compile(r"\.cpython-3\d+t-"))
@@ -583,27 +575,7 @@ def allocate_waits(shares: dict[str, float], cpu: float, run_delay: float,
 
 def _task_cpu(tasks: dict[str, Any] | None) -> tuple[dict[int, tuple[float, float | None]], float | None]:
     """tid -> (share of the window on a CPU, share waiting for one) between the two snapshots."""
-    if not tasks or not isinstance(tasks.get("start"), dict) or not isinstance(tasks.get("end"), dict):
-        return {}, None
-    s, e = tasks["start"], tasks["end"]
-    win = float(e.get("t") or 0.0) - float(s.get("t") or 0.0)
-    if win <= 0.05:
-        return {}, None
-    out: dict[int, tuple[float, float | None]] = {}
-    for tid, te in (e.get("tasks") or {}).items():
-        ts = (s.get("tasks") or {}).get(tid)
-        if not ts or not str(tid).isdigit():
-            continue
-        a, b = procfs.parse_stat(ts["stat"]), procfs.parse_stat(te["stat"])
-        cpu = (b["utime_s"] + b["stime_s"]) - (a["utime_s"] + a["stime_s"])
-        sa, sb = procfs.parse_schedstat(ts.get("schedstat")), procfs.parse_schedstat(te.get("schedstat"))
-        if sa and sb:
-            cpu = sb["run_s"] - sa["run_s"]          # ns counters: finer than clock ticks
-            rq: float | None = max(0.0, sb["wait_s"] - sa["wait_s"]) / win
-        else:
-            rq = None
-        out[int(tid)] = (min(max(cpu, 0.0) / win, 1.0), None if rq is None else min(rq, 1.0))
-    return out, win
+    return procfs.thread_cpu_shares(tasks)
 
 
 def _ownership(gil_doc: dict[str, Any] | None, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[int, float]]:

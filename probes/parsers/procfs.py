@@ -12,6 +12,7 @@ readers join a root and a path, read, and translate OSErrors into the taxonomy.
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
@@ -463,3 +464,47 @@ def cpu_capacity(pid: int, root: str = "/") -> tuple[float, str]:
     if quota is not None and quota < cpus:
         cpus, basis = quota, f"cgroup quota of {quota:g} CPUs ({basis})"
     return cpus, basis
+
+
+def thread_ids(root: str, pid: int) -> list[str]:
+    """The thread ids of `pid` (/proc/PID/task), in numeric order; [] when it cannot be listed."""
+    try:
+        return sorted(os.listdir(path(root, f"proc/{pid}/task")), key=lambda t: int(t) if t.isdigit() else 0)
+    except OSError:
+        return []
+
+
+def task_snapshot(root: str, pid: int, limit: int = 1024) -> dict[str, Any]:
+    """The raw /proc/PID/task/TID/{stat,schedstat} of each thread of `pid` (at most `limit`), with the
+    monotonic time."""
+    tasks: dict[str, dict[str, str | None]] = {}
+    for tid in thread_ids(root, pid)[:limit]:
+        stat = try_read_text(root, f"proc/{pid}/task/{tid}/stat")
+        if stat:
+            tasks[tid] = {"stat": stat, "schedstat": try_read_text(root, f"proc/{pid}/task/{tid}/schedstat")}
+    return {"t": round(time.monotonic(), 6), "tasks": tasks}
+
+
+def thread_cpu_shares(tasks: dict[str, Any] | None) -> tuple[dict[int, tuple[float, float | None]], float | None]:
+    """tid -> (share of the window on a CPU, share waiting for one) between the two snapshots."""
+    if not tasks or not isinstance(tasks.get("start"), dict) or not isinstance(tasks.get("end"), dict):
+        return {}, None
+    s, e = tasks["start"], tasks["end"]
+    win = float(e.get("t") or 0.0) - float(s.get("t") or 0.0)
+    if win <= 0.05:
+        return {}, None
+    out: dict[int, tuple[float, float | None]] = {}
+    for tid, te in (e.get("tasks") or {}).items():
+        ts = (s.get("tasks") or {}).get(tid)
+        if not ts or not str(tid).isdigit():
+            continue
+        a, b = parse_stat(ts["stat"]), parse_stat(te["stat"])
+        cpu = (b["utime_s"] + b["stime_s"]) - (a["utime_s"] + a["stime_s"])
+        sa, sb = parse_schedstat(ts.get("schedstat")), parse_schedstat(te.get("schedstat"))
+        if sa and sb:
+            cpu = sb["run_s"] - sa["run_s"]          # ns counters: finer than clock ticks
+            rq: float | None = max(0.0, sb["wait_s"] - sa["wait_s"]) / win
+        else:
+            rq = None
+        out[int(tid)] = (min(max(cpu, 0.0) / win, 1.0), None if rq is None else min(rq, 1.0))
+    return out, win
