@@ -21,7 +21,11 @@ thread's CPU, run-queue wait and context switches per step and the process's pag
 (/proc, read at the window's edges), so an effect can be told apart: CPU taken from the loop (run
 queue), the loop waiting on something the agent holds (page-table lock behind py-spy's
 process_vm_readv, the driver behind NVML: voluntary switches, wall per step without more CPU), or
-the job itself. One summary file (gpu_paired.json) and one line per arm; the cost-model check of
+the job itself. The pace is also split in two paired factors, steps/s = duty x work rate: the loop's
+share of wall time on a CPU (what the agent takes from it directly: run-queue wait, blocking on
+something it holds; resolved far below 1% because a CPU-bound loop's duty hardly moves by itself)
+and its steps per CPU-second of the loop's thread (the job's own pace, the host's steal, and what
+slows its CPU work: a shared core, caches), with the node's steal time per window. One summary file (gpu_paired.json) and one line per arm; the cost-model check of
 bench_cost.py on the attached windows; exit 1 when that check fails.
 
     pip install --no-index .whl/py_spy-*.whl
@@ -111,9 +115,33 @@ def _thread_facts(pid: int) -> dict[str, float] | None:
             f = fh.read().rsplit(")", 1)[1].split()
     except (OSError, ValueError):
         return None
+    steal, total = _cpu_steal()
     return {"t": time.time(), "run_s": run_ns / 1e9, "wait_s": wait_ns / 1e9,
             "vcsw": float(st["voluntary_ctxt_switches"]), "ivcsw": float(st["nonvoluntary_ctxt_switches"]),
-            "minflt": float(f[7]), "majflt": float(f[9])}
+            "minflt": float(f[7]), "majflt": float(f[9]), "steal": steal, "cpu_total": total}
+
+
+def _cpu_steal() -> tuple[float, float]:
+    """The node's steal and total jiffies (/proc/stat's cpu line): time the hypervisor ran others."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [float(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return (v[7] if len(v) > 7 else 0.0), sum(v[:8])
+
+
+def _split(a: dict[str, float] | None, b: dict[str, float] | None, steps: float) -> dict[str, float] | None:
+    """A window's pace in two factors: the loop's share of wall time on a CPU (duty: what the agent
+    takes from it directly, as run-queue wait or blocking on something it holds) and its steps per
+    CPU-second on the loop's thread (work rate: the job's own pace, and whatever slows its CPU work:
+    a shared core, caches, the host's steal). steps/s = duty x work rate."""
+    if not a or not b or steps <= 0 or b["t"] <= a["t"] or b["run_s"] <= a["run_s"]:
+        return None
+    dt = b["t"] - a["t"]
+    tot = b["cpu_total"] - a["cpu_total"]
+    return {"duty": (b["run_s"] - a["run_s"]) / dt, "work_rate": steps / (b["run_s"] - a["run_s"]),
+            "steal_share": (b["steal"] - a["steal"]) / tot if tot > 0 else 0.0}
 
 
 def _per_step(a: dict[str, float] | None, b: dict[str, float] | None, steps: float) -> dict[str, float] | None:
@@ -143,7 +171,22 @@ def _detached(job: "Job", window: float) -> dict[str, Any]:
     b = _thread_facts(job.pid)
     n, secs = _steps(job, t0, t1)
     return {"arm": "detached", "t0": t0, "t1": t1, "steps": n, "steps_per_s": n / secs if secs else float("nan"),
-            "per_step": _per_step(a, b, n)}
+            "per_step": _per_step(a, b, n), "split": _split(a, b, _steps_between(job, a, b))}
+
+
+def _steps_between(job: "Job", a: dict[str, float] | None, b: dict[str, float] | None) -> float:
+    """Steps between two readings' times, interpolated between the progress points around them."""
+    if not a or not b:
+        return 0.0
+    return _steps_at(job, b["t"]) - _steps_at(job, a["t"])
+
+
+def _steps_at(job: "Job", t: float) -> float:
+    pts = job.points
+    for (ta, na), (tb, nb) in zip(pts, pts[1:]):
+        if ta <= t <= tb:
+            return na + (nb - na) * (t - ta) / (tb - ta) if tb > ta else float(na)
+    return float(pts[-1][1]) if pts and t > pts[-1][0] else 0.0
 
 
 def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str, Any]:
@@ -159,6 +202,7 @@ def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str,
         # The per-step facts span the agent's whole run (start-up and teardown too).
         n_all, _ = _steps(job, d["t0"], d["t1"])
         d["per_step"] = _per_step(a, b, n_all)
+        d["split"] = _split(a, b, _steps_between(job, a, b))
     return d
 
 
@@ -191,7 +235,13 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
         if att.get("ok") and att.get("steps_per_s") and before["steps_per_s"] and after["steps_per_s"]:
             base = statistics.fmean([before["steps_per_s"], after["steps_per_s"]])
             att["ratio"] = round(att["steps_per_s"] / base, 4) if base > 0 else None
+            sp = [w.get("split") for w in (att, before, after)]
+            if all(sp):
+                for k in ("duty", "work_rate"):
+                    ref = statistics.fmean([sp[1][k], sp[2][k]])
+                    att[k + "_ratio"] = round(sp[0][k] / ref, 5) if ref > 0 else None
             log(f"  {name} {arm} #{i}: ratio {att['ratio']}, {att['steps_per_s']:.3f} vs {base:.3f} steps/s, "
+                f"duty {att.get('duty_ratio')}, work rate {att.get('work_rate_ratio')}, "
                 f"tree {att.get('tree_cpu_s')} CPU-s, per step {att.get('per_step')}")
         elif not att.get("ok"):
             log(f"  {name} {arm} #{i}: diagnose failed rc={att.get('rc')}: {att.get('stderr', '')[-300:]}")
@@ -212,7 +262,13 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
         out["arms"][arm] = {"args": args, **paired_stat([w["ratio"] for w in ws]),
                             "ratio_median": round(statistics.median(w["ratio"] for w in ws), 4) if ws else None,
                             "tree_cpu_s_median": round(statistics.median(w["tree_cpu_s"] for w in ws), 3) if ws else None,
-                            "per_step_median": facts(ws), "model_check": model_check(ws)}
+                            "per_step_median": facts(ws), "model_check": model_check(ws),
+                            # the pace split: duty (CPU taken from the loop, or the loop blocked) and
+                            # the work rate of its CPU time (the job's own pace, shared cores, caches)
+                            "duty": paired_stat([w["duty_ratio"] for w in ws if w.get("duty_ratio")]),
+                            "work_rate": paired_stat([w["work_rate_ratio"] for w in ws if w.get("work_rate_ratio")]),
+                            "steal_share_median": round(statistics.median(
+                                [w["split"]["steal_share"] for w in seq if w.get("split")] or [0.0]), 5)}
     return out
 
 
@@ -223,6 +279,11 @@ def paired_line(r: dict[str, Any]) -> str:
         lines.append(f"  {arm:<14} attached/detached {a.get('ratio')} (95% CI {a.get('ci95')}, +-{a.get('half_width_pct')}%, "
                      f"{a.get('n')} pairs, {a.get('below_1')} below 1; about {a.get('pairs_for_1pct')} pairs resolve 1%) "
                      f"median {a.get('ratio_median')}, tree {a.get('tree_cpu_s_median')} CPU-s, per step {a.get('per_step_median')}")
+        for part in ("duty", "work_rate"):
+            x = a.get(part) or {}
+            lines.append(f"    {part:<10} attached/detached {x.get('ratio')} (95% CI {x.get('ci95')}, "
+                         f"+-{x.get('half_width_pct')}%, {x.get('n')} pairs, sd_log {x.get('sd_log')})")
+        lines.append(f"    the node's steal time (median window share): {a.get('steal_share_median')}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ cpu.oversubscribed) and by the report's plan. Today's step is 1. Its parts:
     C        the loop's own time, 1 - f_load - f_wait, of which
       s        host-device syncs (py-spy: .item(), .cpu(), synchronize),
       x_launch the GPU idled while the loop issued kernels (NVML + py-spy),
+      h_launch the loop ran forward, backward and optimizer (py-spy: issuing kernels; the GPU busy or not),
       x_h2d    the GPU idled while the loop copied batches to it,
     b        the GPU's busy share (NVML): no fix on the host makes the step shorter than that,
     D        CPU-seconds per step of producing batches: the workers' measured CPU, or k f_load when
@@ -19,7 +20,10 @@ cpu.oversubscribed) and by the report's plan. Today's step is 1. Its parts:
     L, n     cores the loop uses while it computes (intra-op threads at work) and its busy threads.
 
 The step after a fix is the largest of what stays in place:
-    loop   the loop's own time after the fix (less the sync, launch or copy time removed, times
+    loop   the loop's own time after the fix (less the sync or copy time removed, less e_c h_launch
+           when the step's kernels replay from CUDA graphs: the captured part of the host's forward,
+           backward and optimizer time goes, whether the GPU idled or ran meanwhile, since the host no
+           longer issues those kernels one by one; the GPU's own time stays as the gpu term; times
            A_PIN after a pinning fix, times (1 + e (L - 1)) / (1 + e (n' - 1)) when its intra-op
            threads are capped at n', e the parallel efficiency par_eff: L/n' at e = 1),
            plus f_load while the loop still loads batches itself,
@@ -79,7 +83,9 @@ class Calibration:
     churn_m     time persistent workers return per unit of the loop's start/join share s (the forks'
                 copy-on-write faults come back with them)
     scale_a     per-worker rate at W workers: e(W) = 1 / (1 + a max(0, W - max(W_now, 1)) / P)
-    compile_e   share of the launch-bound GPU idle that torch.compile(mode="reduce-overhead") removes
+    compile_e   share of the loop's forward/backward/optimizer host time (h_launch) that
+                torch.compile(mode="reduce-overhead") takes off the step (the captured graphs' launches and
+                Python; what stays: the optimizer and the Python outside the graphs, the replays)
     switch_us   cost of one involuntary context switch of a busy intra-op thread, in microseconds of
                 its CPU (the cap's waste sigma, see the module docstring)
     compile_fusion  the loop's and the GPU's time after torch.compile of an eager model, over what
@@ -95,7 +101,7 @@ class Calibration:
     a_pin: tuple[float, float, float] = (0.6, 0.77, 1.0)
     churn_m: tuple[float, float, float] = (3.0, 2.3, 1.0)
     scale_a: tuple[float, float, float] = (0.0, 0.5, 2.0)
-    compile_e: tuple[float, float, float] = (0.80, 0.60, 0.45)
+    compile_e: tuple[float, float, float] = (0.75, 0.53, 0.35)
     switch_us: tuple[float, float, float] = (60.0, 30.0, 0.0)
     compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
     par_eff: tuple[float, float, float] = (0.0, 0.2, 1.0)
@@ -198,6 +204,7 @@ class StepModel:
     x_launch: float = 0.0
     x_h2d: float = 0.0
     gpu_busy: float | None = None
+    h_launch: float = 0.0              # the loop's share in forward, backward and optimizer (issuing kernels)
     d: float = 0.0                     # CPU-s per step of batch production (k applied where in-loop)
     u: float = 1.0
     p: float = 0.0                     # CPUs the loop can count on (after crowding)
@@ -296,7 +303,7 @@ class StepModel:
         if ch.sync_removed:
             loop -= self.s_sync
         if ch.launch_captured:
-            loop -= cal.compile_e[i] * self.x_launch
+            loop -= cal.compile_e[i] * max(self.h_launch, self.x_launch)
         fuse = cal.compile_fusion[i] if (ch.launch_captured and ch.fusion) else 1.0
         loop *= fuse
         if ch.h2d_removed:
@@ -411,7 +418,8 @@ class StepModel:
 
     def details(self, step: Step | None = None) -> dict[str, Any]:
         d = {"f_wait": round(self.f_wait, 4), "f_load": round(self.f_load, 4), "C": round(self.c, 4),
-             "s_sync": round(self.s_sync, 4), "x_launch": round(self.x_launch, 4), "x_h2d": round(self.x_h2d, 4),
+             "s_sync": round(self.s_sync, 4), "x_launch": round(self.x_launch, 4),
+             "h_launch": round(self.h_launch, 4), "x_h2d": round(self.x_h2d, 4),
              "gpu_busy": None if self.gpu_busy is None else round(self.gpu_busy, 4), "D": round(self.d, 4),
              "U": round(self.u, 4), "P": round(self.p, 3), "P_allowed": self.p_allowed,
              "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
@@ -521,6 +529,7 @@ def _gpu_terms(ev: Evidence, m: StepModel) -> None:
         return
     m.s_sync = att.host_share("host_sync")
     m.x_launch = att.idle_share("launch")
+    m.h_launch = att.host_share("launch")
     m.x_h2d = att.idle_share("h2d_copy")
     m.gpu_busy = att.busy_fraction
 
