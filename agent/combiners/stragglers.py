@@ -9,6 +9,9 @@ waits w_o = w_s + (its own work's shortfall behind the straggler). So:
     its excess is e = w_o - w_s (of the step): how much longer its own work is than the others';
     made as fast as the others, the job's step is T' = (T - w_o) + w_s = T - e, a speedup of
     S = T / (T - e) = 1 / (1 - e).
+S is an upper estimate: balanced ranks still wait for each other at every collective (the others'
+jitter, the exchange itself when both arrive together), at least as long as the last to arrive does
+(w_s), which one window of the straggling job does not measure (docs/fleet.md).
 With more ranks, w_o is the median wait of the other ranks (the straggler is named against the
 typical rank) and the speedup uses the smallest wait among the non-stragglers (the next slowest
 rank sets the pace once the straggler is fixed). All shares are of the window.
@@ -415,7 +418,10 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         gain = floor - min(r["collective_share"] for r, _e, _m in stragglers)
         bound = (f"lockstep: the straggler waits {min(r['collective_share'] for r, _e, _m in stragglers):.2f} of the "
                  f"step in collectives, the next slowest rank {floor:.2f}; made as fast as the others the step is "
-                 f"T - {gain:.2f} T, a speedup of 1 / (1 - {gain:.2f})")
+                 f"T - {gain:.2f} T, a speedup of 1 / (1 - {gain:.2f}); an upper estimate: once it keeps pace "
+                 "every rank still waits at each collective for the others' jitter and the exchange itself, "
+                 "which a window of the straggling job does not show (docs/fleet.md: measured 0.57-0.96 of "
+                 "this number on a 5 ms gloo step)")
     else:
         gain = stragglers[0][1]
         bound = (f"GPU clocks: the straggler's GPU busy share x (1 - its SM clock / the others') = {gain:.2f} of "
