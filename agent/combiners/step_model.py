@@ -280,6 +280,23 @@ class StepModel:
         a = cal.scale_a[SCENARIOS.index(sc)]
         return 1.0 / (1.0 + a * max(0, w - max(self.w_now, 1)) / max(self.p, 1.0))
 
+    def scaling_words(self, w: int, cal: Calibration | None = None) -> str:
+        """The assumption the workers' term makes for W workers beyond today's, in words ('' when W is
+        not more): each worker's rate at W over today's per-worker rate, middle and range."""
+        cal = cal or CAL
+        base = max(self.w_now, 1)
+        if w <= base or self.d <= 0:
+            return ""
+        lo, mid, hi = (self.efficiency(w, sc, cal) for sc in SCENARIOS)
+        today = (f"today {self.w_now} worker{'s' if self.w_now != 1 else ''} use {self.worker_cores:.2f} cores"
+                 if self.w_now else "today the loop loads its own batches")
+        at = f"{base} workers" if base > 1 else "one worker"
+        return (f"it assumes each of the {w} workers keeps {mid:.2f} ({hi:.2f}-{lo:.2f}) of a worker's rate at "
+                f"{at} ({today}; e(W) = 1 / (1 + a_s (W - {base}) / P), a_s = {cal.scale_a[1]:g}): one window at "
+                "today's count cannot measure how the pipeline scales; the ledger's jobs raised from 2 to 15 "
+                "workers on 16 CPUs kept 0.36 (timm's train.py on JPEG files), 0.62 and at least 0.83 (two "
+                "FakeData pipelines)")
+
     # -- the step after a change -----------------------------------------------------------------
 
     def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:

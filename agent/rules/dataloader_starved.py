@@ -283,6 +283,9 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
                                                                       f"{'s' if threads != 1 else ''}"
                                                                       if threads else "")
         words = sm.derivation(what, step)
+        scaling = sm.scaling_words(w_prop)
+        if scaling:
+            words += "; " + scaling
     else:
         speedup, interval = settings_step(m, w_prop, c_err, k, a)
         words = ""

@@ -179,3 +179,14 @@ def test_a_gil_holder_removed_frees_the_team_s_spin_at_the_optimistic_end():
     findings, _ = report_mod.diagnose(evidence_from(b.captures, b.context))
     f = next((x for x in findings if x.id == "gil.contention"), None)
     assert f is not None and f.interval[0] <= 2.03 <= f.interval[1] and f.interval[1] > f.expected_speedup * 1.2
+
+
+def test_more_workers_state_the_per_worker_rate_they_assume():
+    # One window at 2 workers cannot show how the pipeline scales (timm's JPEG pipeline kept 0.36 of
+    # its per-worker rate at 15 workers): the derivation says what e(W) it assumes, and its range.
+    from trainprobe.agent.report import diagnose
+    f = next(f for f in diagnose(public_evidence("timm-resnet50-j2"))[0] if f.id == "dataloader.starved")
+    assert "it assumes each of the 15 workers keeps 0.71 (0.38-1.00) of a worker's rate at 2 workers" \
+        in " ".join(f.speedup_bound.split())
+    # no assumption where the count does not grow
+    assert step_model.StepModel(f_wait=0.5, f_load=0.0, w_now=4, d=2.0, p=16.0).scaling_words(4) == ""

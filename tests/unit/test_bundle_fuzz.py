@@ -43,8 +43,10 @@ def real(tmp_path_factory):
     return Members({n: (d / n).read_bytes() for n in ("bundle.json", "report.json", "captures/pyspy.json")})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def rss():
+    # Per test, not per module: under xdist another module's tests run between this module's on the
+    # same worker, and their peak (a replayed GPU bundle) would be counted as the fuzzers' growth.
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     yield
     grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
