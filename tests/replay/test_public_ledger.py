@@ -83,8 +83,9 @@ def measured_rows():
 
 @pytest.mark.xfail(reason="the targets (pred/meas within 0.8-1.25 in 90% of rows, median |log| <= 0.10, median "
                           "ratio 0.95-1.05, intervals covering 90%) are not met on public code: a worker count "
-                          "raised from 2 to 15 on 16 CPUs measured 2.7x on a JPEG pipeline and 4.7x on FakeData, and "
-                          "compiling an eager GPT gains kernel fusion no host evidence predicts (docs/ledger.md)",
+                          "raised from 2 to 12-15 on 16 CPUs measured 2.5x on a JPEG pipeline and 4.7x on FakeData, MNIST's "
+                          "loop slows at 6 workers by what the window cannot show, and compiling an eager GPT gains "
+                          "kernel fusion no host evidence predicts (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
