@@ -25,8 +25,9 @@ the job itself. The pace is also split in two paired factors, steps/s = duty x w
 share of wall time on a CPU (what the agent takes from it directly: run-queue wait, blocking on
 something it holds; resolved far below 1% because a CPU-bound loop's duty hardly moves by itself)
 and its steps per CPU-second of the loop's thread (the job's own pace, the host's steal, and what
-slows its CPU work: a shared core, caches), with the node's steal time per window. One summary file (gpu_paired.json) and one line per arm; the cost-model check of
-bench_cost.py on the attached windows; exit 1 when that check fails.
+slows its CPU work: a shared core, caches), with the node's steal time per window. One summary
+file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
+windows; exit 1 when that check fails.
 
     pip install --no-index .whl/py_spy-*.whl
     PYTHONPATH=$PWD timeout 470 python3 benchmarks/gpu_cost.py --design paired --cases data:0 \

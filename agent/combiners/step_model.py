@@ -293,9 +293,7 @@ class StepModel:
         at = f"{base} workers" if base > 1 else "one worker"
         return (f"it assumes each of the {w} workers keeps {mid:.2f} ({hi:.2f}-{lo:.2f}) of a worker's rate at "
                 f"{at} ({today}; e(W) = 1 / (1 + a_s (W - {base}) / P), a_s = {cal.scale_a[1]:g}): one window at "
-                "today's count cannot measure how the pipeline scales; the ledger's jobs raised from 2 to 15 "
-                "workers on 16 CPUs kept 0.36 (timm's train.py on JPEG files), 0.62 and at least 0.83 (two "
-                "FakeData pipelines)")
+                f"today's count cannot measure how the pipeline scales; {MEASURED_WORKER_RATES}")
 
     # -- the step after a change -----------------------------------------------------------------
 
@@ -452,6 +450,10 @@ class StepModel:
 
 
 CHURN_CAP = 0.5               # persistent workers at most halve the loop's own time
+# Per-worker rates the ledgers measured when a fix raised the worker count (docs/ledger.md): the rate
+# of each worker at the new count over its rate at the old one, quoted beside e(W)'s assumption.
+MEASURED_WORKER_RATES = ("the ledger's jobs raised from 2 to 15 workers on 16 CPUs kept 0.36 (timm's train.py "
+                         "on JPEG files), 0.62 and at least 0.83 (two FakeData pipelines)")
 CAL_MID_K = 1.5               # D measured in the loop carries this middle k (scaled to the range)
 
 
