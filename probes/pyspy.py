@@ -622,18 +622,22 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         by_pid[t.pid].append(t)
     trainers = [pid for pid in by_pid if pid not in worker_pids and _busy_seconds(by_pid[pid]) > 0]
     rank_pids = sorted(pid for pid in trainers if pid != main_pid and main_pid in _ancestry(by_pid[pid]))
+    # A child is a rank only when it trains itself (forward, backward, optimizer, data, syncs,
+    # collectives): a helper subprocess the loop talks to (a pipe server, a tokenizer) is not, and
+    # a loop that spends most of its step blocked on one is not a launcher.
+    rank_views = [v for v in (_trainer_view(p, by_pid, traces, worker_pids, source, launch, single=False)
+                              for p in rank_pids) if v is not None and _training_share(v) >= RANK_TRAINING_SHARE]
     gil, held = _ownership(gil_doc, meta)
     cpu, _win = _task_cpu(tasks)
     out: dict[str, Any] = {
         "pid": main_pid, "rate_hz": meta.get("rate_hz"), "nonblocking": meta.get("nonblocking", True),
         "anchor_unix": launch, "threads_seen": len(traces), "processes_seen": sorted(by_pid), "gil": gil,
     }
-    main_view = _trainer_view(main_pid, by_pid, traces, worker_pids, source, launch, single=not rank_pids,
+    main_view = _trainer_view(main_pid, by_pid, traces, worker_pids, source, launch, single=not rank_views,
                               gil=gil, held=held, cpu=cpu)
-    launcher = bool(rank_pids) and (main_view is None or _training_share(main_view) < 0.1)
-    if rank_pids:
-        out["ranks"] = [v for v in (_trainer_view(p, by_pid, traces, worker_pids, source, launch, single=False)
-                                    for p in rank_pids) if v is not None]
+    launcher = bool(rank_views) and (main_view is None or _training_share(main_view) < RANK_TRAINING_SHARE)
+    if rank_views:
+        out["ranks"] = rank_views
     out["launcher"] = launcher
     # A launcher (torchrun) does no training itself: the top-level view is the rank that waits on
     # data the most (the likely straggler); every rank is under `ranks`.
@@ -643,6 +647,9 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         return out
     out.update({k: top[k] for k in ("training_thread", "timeline", "other_threads", "workers")})
     return out
+
+
+RANK_TRAINING_SHARE = 0.1   # a process trains when at least this share of its main thread is in training frames
 
 
 def _training_share(view: dict[str, Any]) -> float:

@@ -79,3 +79,25 @@ def test_rules_on_captures(mode):
         assert f.expected_speedup > 3.0
     else:
         assert "dataloader.starved" not in ids
+
+
+def test_a_busy_helper_subprocess_is_not_a_rank_and_its_parent_not_a_launcher():
+    # A loop blocked most of its step on an Event and on a pipe to its own Python child (which
+    # answers each request), with little forward/backward: the child is busy but does not train,
+    # so the target stays the training process (it was once taken for a torchrun launcher and the
+    # child's `<module>` loop reported as the training thread).
+    from trainprobe.probes import pyspy as pyspy_mod
+    from trainprobe.probes.parsers.pystacks import Frame, Span, ThreadTrace
+    job = "/work/job/train.py"
+    wait = (Frame("main", job, 10), Frame("Event.wait", "/usr/lib/python3.11/threading.py", 629))
+    read = (Frame("main", job, 12), Frame("TextIOWrapper.readline", "<io>", 0))
+    fwd = (Frame("main", job, 8), Frame("Module._call_impl", "/x/torch/nn/modules/module.py", 1789),
+           Frame("Linear.forward", "/x/torch/nn/modules/linear.py", 134))
+    main = [Span(i * 0.1, i * 0.1 + 0.1, (wait, read, fwd)[i % 3] if i % 10 == 0 else (wait, read)[i % 2])
+            for i in range(30)]
+    child = [Span(i * 0.1, i * 0.1 + 0.1, (Frame("<module>", "<string>", 2 + i % 2),)) for i in range(30)]
+    traces = [ThreadTrace(100, 100, 100, "MainThread", main, (100,)),
+              ThreadTrace(101, 101, 101, None, child, (100, 101))]
+    ev = pyspy_mod.analyse(traces, {}, {"pid": 100, "rate_hz": 10})
+    assert ev["launcher"] is False and "ranks" not in ev
+    assert ev["training_thread"]["pid"] == 100 and ev["training_thread"]["name"] == "MainThread"
