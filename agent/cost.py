@@ -83,10 +83,16 @@ def busy_threads(pid: int, root: str = "/") -> int | None:
         return None
     n = 0
     for tid, (share, _rq) in recent.items():
+        if share >= BUSY_RECENT:
+            n += 1
+            continue
         raw = a["tasks"][str(tid)]
         ss = procfs.parse_schedstat(raw.get("schedstat"))
-        life = max(uptime - procfs.parse_stat(raw["stat"])["starttime_ticks"] / procfs.CLK_TCK, 1e-3)
-        n += share >= BUSY_RECENT or (ss is not None and ss["run_s"] / life >= BUSY_LIFETIME)
+        try:
+            life = max(uptime - procfs.parse_stat(raw["stat"])["starttime_ticks"] / procfs.CLK_TCK, 1e-3)
+        except (ValueError, IndexError, KeyError):
+            continue            # a stat line the kernel did not finish: the thread is not counted
+        n += ss is not None and ss["run_s"] / life >= BUSY_LIFETIME
     return n
 
 

@@ -111,6 +111,7 @@ MAX_GIL_RATE_HZ = 50
 GIL_FIXED_CPU_S = 0.018
 GIL_SAMPLE_CPU_S = 0.00015
 TASKS_READ_LIMIT = 1024        # threads of the training process whose CPU time is read
+RANK_TRAINING_SHARE = 0.1      # a child process trains (is a rank) when this share of its main thread is in training frames
 
 
 def gil_rate(window_s: float, samples: int = GIL_SAMPLES) -> int:
@@ -469,7 +470,7 @@ class _GilWatch:
             rate, self.reason = gil_rate(window), None
         if self.build["free_threaded"]:
             rate, self.reason = 0, f"free-threaded Python ({self.build['basis']}): no GIL"
-        if rate and not self.reason and plan is None and len(_tids(spec.root, spec.pid)) <= 1:
+        if rate and not self.reason and plan is None and len(procfs.thread_ids(spec.root, spec.pid)) <= 1:
             rate, self.reason = 0, "the training process had one thread: no other thread can hold the GIL"
         # Always non-blocking: the holder is read from the interpreter's state, no thread is stopped.
         self.sampler = _Sampler(exe, spec.pid, rate, window, tmpdir, "gil", False, "speedscope",
@@ -477,7 +478,7 @@ class _GilWatch:
         self.tasks: dict[str, Any] = {}
 
     def start(self, rec: Recorder) -> None:
-        self.tasks["start"] = task_snapshot(self.spec.root, self.spec.pid)
+        self.tasks["start"] = procfs.task_snapshot(self.spec.root, self.spec.pid, TASKS_READ_LIMIT)
         if self.sampler is not None:
             self.sampler.start(rec)
 
@@ -485,7 +486,7 @@ class _GilWatch:
         s = self.sampler
         if s is not None:
             s.finish(rec, True)          # ends with the window: SIGINT makes py-spy write what it has
-        self.tasks["end"] = task_snapshot(self.spec.root, self.spec.pid)
+        self.tasks["end"] = procfs.task_snapshot(self.spec.root, self.spec.pid, TASKS_READ_LIMIT)
         if self.tasks["end"]["tasks"] or self.tasks["start"]["tasks"]:
             rec.add("tasks.json", json.dumps(self.tasks, separators=(",", ":")))
         meta: dict[str, Any] = {"rate_hz": s.rate if s else 0, "seconds": round(s.seconds, 3) if s else None,
@@ -498,15 +499,6 @@ class _GilWatch:
                 last = [ln for ln in s.log.strip().splitlines() if ln.strip()]
                 meta["reason"] = f"py-spy --gil wrote no samples (exit {s.rc}): {last[-1] if last else 'no output'}"
         rec.capture.meta.update({"gil": meta, "python_build": self.build})
-
-
-def _tids(root: str, pid: int) -> list[str]:
-    return procfs.thread_ids(root, pid)
-
-
-def task_snapshot(root: str, pid: int) -> dict[str, Any]:
-    """The raw /proc/PID/task/TID/{stat,schedstat} of each thread of `pid`, with the monotonic time."""
-    return procfs.task_snapshot(root, pid, TASKS_READ_LIMIT)
 
 
 _FREE_THREADED = (re.compile(r"python3\.\d+t$"), re.compile(r"libpython3\.\d+t\.so"), re.compile(r"\.cpython-3\d+t-"))
@@ -573,11 +565,6 @@ def allocate_waits(shares: dict[str, float], cpu: float, run_delay: float,
     return {k: round(v, 4) for k, v in out.items()}
 
 
-def _task_cpu(tasks: dict[str, Any] | None) -> tuple[dict[int, tuple[float, float | None]], float | None]:
-    """tid -> (share of the window on a CPU, share waiting for one) between the two snapshots."""
-    return procfs.thread_cpu_shares(tasks)
-
-
 def _ownership(gil_doc: dict[str, Any] | None, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[int, float]]:
     """The GIL evidence and tid -> share of the sampler's samples in which that thread held the GIL."""
     g = meta.get("gil") or {}
@@ -628,7 +615,7 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
     rank_views = [v for v in (_trainer_view(p, by_pid, traces, worker_pids, source, launch, single=False)
                               for p in rank_pids) if v is not None and _training_share(v) >= RANK_TRAINING_SHARE]
     gil, held = _ownership(gil_doc, meta)
-    cpu, _win = _task_cpu(tasks)
+    cpu, _win = procfs.thread_cpu_shares(tasks)
     out: dict[str, Any] = {
         "pid": main_pid, "rate_hz": meta.get("rate_hz"), "nonblocking": meta.get("nonblocking", True),
         "anchor_unix": launch, "threads_seen": len(traces), "processes_seen": sorted(by_pid), "gil": gil,
@@ -647,9 +634,6 @@ def analyse(traces: list[pystacks.ThreadTrace], source: dict[str, str], meta: di
         return out
     out.update({k: top[k] for k in ("training_thread", "timeline", "other_threads", "workers")})
     return out
-
-
-RANK_TRAINING_SHARE = 0.1   # a process trains when at least this share of its main thread is in training frames
 
 
 def _training_share(view: dict[str, Any]) -> float:
