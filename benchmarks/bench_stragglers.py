@@ -101,9 +101,14 @@ def main() -> int:
                        "excess_share": s[0]["excess_share"] if s else None,
                        "error_share": s[0]["error_share"] if s else None,
                        "no_straggler_reason": rep.get("no_straggler_reason"),
-                       "predicted_speedup": pred, "steps_per_s_with": round(with_, 2),
+                       "predicted_speedup": pred,
+                       "upper_speedup": s[0].get("job_speedup_upper") if s else None,
+                       "steps_per_s_with": round(with_, 2),
                        "steps_per_s_removed": round(without, 2), "measured_speedup": round(meas, 3),
                        "blocks_with": on, "blocks_removed": off,
+                       # each adjacent pair's ratio: the spread of the measurement
+                       "pair_ratio_range": [round(min(b / x for x, b in zip(on, off) if x > 0), 3),
+                                            round(max(b / x for x, b in zip(on, off) if x > 0), 3)] if on else None,
                        "pred_over_meas": round(pred / meas, 3) if pred and meas == meas else None,
                        "diagnose_wall_s": round(wall, 1)}
                 results.append(row)

@@ -9,9 +9,21 @@ waits w_o = w_s + (its own work's shortfall behind the straggler). So:
     its excess is e = w_o - w_s (of the step): how much longer its own work is than the others';
     made as fast as the others, the job's step is T' = (T - w_o) + w_s = T - e, a speedup of
     S = T / (T - e) = 1 / (1 - e).
-S is an upper estimate: balanced ranks still wait for each other at every collective (the others'
-jitter, the exchange itself when both arrive together), at least as long as the last to arrive does
-(w_s), which one window of the straggling job does not measure (docs/fleet.md).
+S = 1 / (1 - e) is an upper estimate: it keeps the straggler's own wait w_s as the collective's cost,
+and once it keeps pace the ranks wait for each other's CPU waits instead. In lockstep, while one rank
+waits for a CPU (its training thread runnable, or its communication thread) every other rank waits for
+it at the next collective, so the waits of the ranks fall one after another: the step is the work of a
+rank plus every rank's CPU waits (measured on a balanced 2-rank gloo job: CPU 0.31-0.37 of the window,
+the two ranks' CPU waits 0.27-0.37 each, together 0.99-1.02 of it, and each rank's collective wait
+within 0.03 of the other's CPU wait). So the step after the fix is predicted as
+    T'/T = (o_f - q_f) + N rate' c_f + x
+with f the next slowest rank (its own work o_f, CPU time c_f, CPU waits q_f: run-queue wait of its
+training thread plus its longest-waiting working thread), N the ranks, rate' the CPU waits per CPU
+second every rank will have (the larger of the straggler's rate, less the waits a named mechanism
+(quota, another process, fewer CPUs) causes, which the fix removes, and f's), and x the part of the
+straggler's own wait that the others' CPU waits do not explain (the exchange itself). With no CPU
+waits this is T - e again. With more than two ranks some waits coincide and the sum overstates the
+step: the number is then a lower estimate. The speedup is clamped to [1, 1 / (1 - e)].
 With more ranks, w_o is the median wait of the other ranks (the straggler is named against the
 typical rank) and the speedup uses the smallest wait among the non-stragglers (the next slowest
 rank sets the pace once the straggler is fixed). All shares are of the window.
@@ -49,6 +61,7 @@ def median(xs: list[float]) -> float:
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
 
 MIN_EXCESS = 0.03           # below this, an asymmetry is not worth a straggler, however well measured
+MECHANISMS = ("cpu_quota", "cpu_contended", "fewer_cpus")   # CPU-wait causes a fix takes away
 MIN_CAUSE = 0.02            # a cause's share of the step, at least, to be named
 DEFAULT_SAMPLES = 100       # n for a share whose sample count is unknown (conservative)
 CONTENDED_SHARE = 0.05      # other processes on the rank's CPUs: more than the others' by this much
@@ -80,6 +93,27 @@ def diff_error(a: dict[str, Any], b: dict[str, Any], key: str = "collective_shar
 def lockstep_speedup(excess: float) -> float:
     """T / (T - e): the job's speedup when the straggler's own work shrinks by e (share of T)."""
     return round(1.0 / max(1.0 - max(excess, 0.0), 1e-3), 3)
+
+
+def _rate(r: dict[str, Any]) -> float:
+    """A rank's CPU waits per second of CPU time."""
+    c = float(r.get("cpu_share") or 0.0)
+    return _cpu_wait(r) / c if c > 0 else 0.0
+
+
+def after_fix_share(s: dict[str, Any], floor: dict[str, Any], others: list[dict[str, Any]], n_ranks: int,
+                    mechanism: bool) -> dict[str, float]:
+    """T'/T when the straggler s is made as fast as the next slowest rank `floor` (module docstring):
+    its terms, for the report's derivation and the JSON."""
+    o_f = 1.0 - float(floor["collective_share"])
+    q_f, c_f = _cpu_wait(floor), float(floor.get("cpu_share") or 0.0)
+    rate_s = _rate(floor) if mechanism else _rate(s)
+    rate = max(rate_s, _rate(floor))
+    waits_others = sum(_cpu_wait(o) for o in others)
+    x = max(0.0, float(s["collective_share"]) - waits_others)
+    share = max(0.0, o_f - q_f) + n_ranks * rate * c_f + x
+    return {"own_work": round(o_f - q_f, 4), "cpu_waits": round(n_ranks * rate * c_f, 4),
+            "exchange": round(x, 4), "rate": round(rate, 4), "share": round(share, 4)}
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -306,6 +340,19 @@ def causes_of(s: dict[str, Any], others: list[dict[str, Any]], excess: float) ->
                               "in the same frames (slower CPU, larger batches or inputs?)", d_rest, excess,
                               "Give it the same work and hardware as the other ranks (batch size, sequence length, "
                               "CPU model and frequency)", None, {}))
+    own = [c for c in out if c["cause"] in ("data", "host_sync", "own_compute")]
+    if [c["cause"] for c in waits] == ["cpu_wait"] and own:
+        # No quota, no process bound to its CPUs, as many CPUs as the others: the CPU wait beyond the
+        # others' rate is what its extra work brings (its own threads queue behind it on its CPUs), so
+        # it goes with that work's cause and its fix, not a cause of its own.
+        w = waits[0]
+        out.remove(w)
+        big = max(own, key=lambda c: c["share"])
+        big["share"] = round(min(excess, big["share"] + w["share"]), 4)
+        big["job_speedup_if_removed"] = lockstep_speedup(min(big["share"], excess))
+        big["title"] += (f", and its threads wait for a CPU {w['share']:.0%} of the step more than the others' rate "
+                         "predicts while it does so")
+        big["evidence"] = {**big["evidence"], "cpu_wait_share": w["share"]}
     out.sort(key=lambda c: -c["share"])
     return out
 
@@ -413,32 +460,44 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return verdict
     key = {id(r) for r, _e, _m in stragglers}
     non = [r for r in known if id(r) not in key]
+    causes_by = {id(r): causes_of(r, non or [o for o in known if o is not r], e) for r, e, _m in stragglers}
+    after = None
     if how == "lockstep":
-        floor = min(r["collective_share"] for r in non)
-        gain = floor - min(r["collective_share"] for r, _e, _m in stragglers)
-        bound = (f"lockstep: the straggler waits {min(r['collective_share'] for r, _e, _m in stragglers):.2f} of the "
-                 f"step in collectives, the next slowest rank {floor:.2f}; made as fast as the others the step is "
-                 f"T - {gain:.2f} T, a speedup of 1 / (1 - {gain:.2f}); an upper estimate: once it keeps pace "
-                 "every rank still waits at each collective for the others' jitter and the exchange itself, "
-                 "which a window of the straggling job does not show (docs/fleet.md: measured 0.57-0.96 of "
-                 "this number on a 5 ms gloo step)")
+        floor_row = min(non, key=lambda r: r["collective_share"])
+        floor = floor_row["collective_share"]
+        s_row = min((r for r, _e, _m in stragglers), key=lambda r: r["collective_share"])
+        gain = floor - s_row["collective_share"]
+        upper = lockstep_speedup(gain)
+        mechanism = any(c["cause"] in MECHANISMS for c in causes_by[id(s_row)])
+        after = after_fix_share(s_row, floor_row, [r for r in known if r is not s_row], len(known), mechanism)
+        speedup = round(min(upper, max(1.0, 1.0 / max(after["share"], 1e-3))), 3)
+        bound = (f"lockstep: the straggler waits {s_row['collective_share']:.2f} of the step in collectives, the "
+                 f"next slowest rank {floor:.2f}; made as fast as the others the step is at least T - {gain:.2f} T "
+                 f"(at most {upper:.2f}x), and the ranks then wait for each other's CPU waits: the next slowest rank's "
+                 f"own work {after['own_work']:.2f} of today's step, plus {len(known)} ranks' CPU waits at "
+                 f"{after['rate']:.2f} s per CPU-second ({after['cpu_waits']:.2f}), plus the exchange "
+                 f"{after['exchange']:.2f}: T' = {after['share']:.2f} T, {speedup:.2f}x")
     else:
         gain = stragglers[0][1]
+        speedup = lockstep_speedup(gain)
         bound = (f"GPU clocks: the straggler's GPU busy share x (1 - its SM clock / the others') = {gain:.2f} of "
                  f"the step, a speedup of 1 / (1 - {gain:.2f})")
-    speedup = lockstep_speedup(gain)
     for r, e, m in stragglers:
-        others = non or [o for o in known if o is not r]
-        causes = causes_of(r, others, e)
+        causes = causes_by[id(r)]
+        for c in causes:
+            c["job_speedup_if_removed"] = round(min(c["job_speedup_if_removed"], speedup), 3)
         top = causes[0] if causes else None
         entry = {"node": r.get("node"), "rank": r.get("rank"), "local_rank": r.get("local_rank"), "pid": r["pid"],
                  "collective_share": r["collective_share"], "others_collective_share": round(ref, 4),
                  "excess_share": round(e, 4), "error_share": round(m, 4), "named_by": how,
-                 "job_expected_speedup": lockstep_speedup(e) if how == "lockstep" else speedup,
+                 "job_expected_speedup": speedup if (how != "lockstep" or r is s_row) else lockstep_speedup(e),
                  "causes": causes, "cause": top["cause"] if top else "unexplained",
                  "title": (f"{_label(r)} is the straggler: the other ranks wait {e:.0%} of their step for it"
                            + (f"; {top['title']}" if top else "")),
                  "fix": top["fix"] if top else None}
+        if after is not None and r is s_row:
+            entry["after_fix"] = after
+            entry["job_speedup_upper"] = upper
         if not causes:
             entry["note"] = (f"no probe explains {_label(r)}'s extra {e:.0%} of the step: not data, syncs, CPU wait, "
                              "quota, other processes or its GPU. Compare its code path, inputs and hardware with a "

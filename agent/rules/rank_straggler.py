@@ -86,4 +86,5 @@ def rank_straggler(ev: Evidence) -> Finding | None:
     return Finding("rank.straggler", s["title"], v["job_expected_speedup"], v["job_speedup_bound"], conf,
                    facts, fixes, risk="medium",
                    details={"rank_pid": s["pid"], "cause": s["cause"], "excess_share": s["excess_share"],
-                            "error_share": s["error_share"], "causes": s["causes"], "named_by": s["named_by"]})
+                            "error_share": s["error_share"], "causes": s["causes"], "named_by": s["named_by"],
+                            "after_fix": s.get("after_fix"), "job_speedup_upper": s.get("job_speedup_upper")})
