@@ -107,13 +107,11 @@ def after_fix_share(s: dict[str, Any], floor: dict[str, Any], others: list[dict[
     its terms, for the report's derivation and the JSON."""
     o_f = 1.0 - float(floor["collective_share"])
     q_f, c_f = _cpu_wait(floor), float(floor.get("cpu_share") or 0.0)
-    rate_s = _rate(floor) if mechanism else _rate(s)
-    rate = max(rate_s, _rate(floor))
-    waits_others = sum(_cpu_wait(o) for o in others)
-    x = max(0.0, float(s["collective_share"]) - waits_others)
-    share = max(0.0, o_f - q_f) + n_ranks * rate * c_f + x
-    return {"own_work": round(o_f - q_f, 4), "cpu_waits": round(n_ranks * rate * c_f, 4),
-            "exchange": round(x, 4), "rate": round(rate, 4), "share": round(share, 4)}
+    rate = _rate(floor) if mechanism else max(_rate(s), _rate(floor))
+    x = max(0.0, float(s["collective_share"]) - sum(_cpu_wait(o) for o in others))
+    own, waits = max(0.0, o_f - q_f), n_ranks * rate * c_f
+    return {"own_work": round(own, 4), "cpu_waits": round(waits, 4), "exchange": round(x, 4),
+            "rate": round(rate, 4), "share": round(own + waits + x, 4)}
 
 
 def _label(r: dict[str, Any]) -> str:
