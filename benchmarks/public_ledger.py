@@ -64,10 +64,13 @@ GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "compile"}
 # repo -> (commit, paths to extract)
 REPOS = {
     "pytorch/examples": ("77f55b912142e11fcfdf5b530231fb9c52f181e8",
-                         ["mnist", "vae", "dcgan", "imagenet", "word_language_model",
+                         ["mnist", "vae", "dcgan", "imagenet", "word_language_model", "siamese_network", "mnist_rnn",
                           ":(exclude)word_language_model/data"]),
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
+    "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt"]),
+    "Lightning-AI/pytorch-lightning": ("7f0c3436cd3f6ad3753125672024fc415cbcb414",
+                                       ["examples/fabric/image_classifier", "examples/pytorch/domain_templates"]),
 }
 
 
@@ -139,6 +142,24 @@ def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:
     rng.integers(0, 50257, size=n // 10, dtype=np.uint16).tofile(d / "val.bin")
 
 
+def make_text(root: Path, n_chars: int = 1_000_000) -> None:
+    """minGPT's chargpt reads ./input.txt (characters): lines of words from a small vocabulary."""
+    import random
+    f = root / "input.txt"
+    if f.exists():
+        return
+    rnd = random.Random(0)
+    vocab = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(2, 9))) for _ in range(3000)]
+    out, n = ["O God, O God!\n"], 0      # the script's sampling prompt: its characters must be in the data
+    while n < n_chars:
+        words = [rnd.choice(vocab) for _ in range(rnd.randint(4, 14))]
+        words[0] = words[0].capitalize()
+        line = ", ".join([" ".join(words[:3]), " ".join(words[3:])]) + rnd.choice(".!?") + "\n"
+        out.append(line)
+        n += len(line)
+    f.write_text("".join(out))
+
+
 def _jpegs(args: tuple[Path, int, int, int]) -> None:
     from PIL import Image
     import numpy as np
@@ -185,6 +206,8 @@ class PublicJob:
     expect: str | None = None                  # a finding the job is known to have (None: unknown)
     expect_not: tuple[str, ...] = ()           # findings it must not get
     background: str = ""                       # its background Python threads, in words
+    pythonpath: tuple[str, ...] = ()           # work-dir paths the project's README installs (pip install -e .)
+    longest: float = 30.0                      # a rate window may stretch this long (a pass with no steps)
 
     @property
     def commit(self) -> str:
@@ -204,6 +227,9 @@ def _set(flag: str) -> Callable[[Any], list[str]]:
 
 
 EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-image-models"
+MINGPT, PL = "karpathy/minGPT", "Lightning-AI/pytorch-lightning"
+FABRIC_MNIST = "examples/fabric/image_classifier"
+PL_GAN = "examples/pytorch/domain_templates"
 NANO_CPU = ["--device=cpu", "--dtype=float32", "--dataset=rand", "--eval_interval=100000", "--eval_iters=1",
             "--log_interval=1", "--n_layer=2", "--n_head=4", "--n_embd=128", "--block_size=64", "--batch_size=8",
             "--gradient_accumulation_steps=1", "--max_iters=10000000", "--lr_decay_iters=10000000"]
@@ -245,6 +271,23 @@ def cpu_jobs() -> list[PublicJob]:
                   "pytorch/examples MNIST CNN on CPU, batch 16: the script's CPU branch gives the DataLoader no workers",
                   cwd="mnist", data=lambda w: make_mnist(w / "data", 120_000),
                   flags={"item_every": _set("--log-interval")}),
+        PublicJob("siamese-cpu", "cpu", EX, "siamese_network/main.py", ["--epochs", "1000", "--no-accel"],
+                  "pytorch/examples siamese network on MNIST pairs, CPU: pairs made in the loop (no workers)",
+                  cwd="siamese_network", data=lambda w: make_mnist(w / "data", 60_000),
+                  flags={"item_every": _set("--log-interval")}),
+        PublicJob("mnist-rnn-cpu", "cpu", EX, "mnist_rnn/main.py", ["--epochs", "1000"],
+                  "pytorch/examples LSTM over MNIST rows, CPU, no workers",
+                  cwd="mnist_rnn", data=lambda w: make_mnist(w / "data", 60_000),
+                  flags={"item_every": _set("--log-interval")}),
+        PublicJob("fabric-mnist-cpu", "cpu", PL, f"{FABRIC_MNIST}/train_fabric.py", ["--epochs", "1000"],
+                  "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta), CPU, no workers",
+                  cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
+                  flags={"item_every": _set("--log-interval")}),
+        PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
+                  ["--trainer.batch_size=16", "--data.block_size=64"],
+                  "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
+                  "pin_memory", cwd="projects/chargpt", data=lambda w: make_text(w / "projects" / "chargpt"),
+                  pythonpath=(".",)),
     ]
 
 
@@ -285,6 +328,25 @@ def gpu_jobs() -> list[PublicJob]:
                   "pytorch/examples MNIST CNN on the GPU: 1 persistent worker, pinned memory",
                   cwd="mnist", data=lambda w: make_mnist(w / "data", 240_000),
                   flags={"item_every": _set("--log-interval")}, warmup=6.0),
+        PublicJob("lightning-gan-gpu", "gpu", PL, f"{PL_GAN}/generative_adversarial_net.py", [],
+                  "Lightning's GAN template (Trainer, manual optimization of two Adam optimizers, "
+                  "MNISTDataModule: 16 workers re-created every epoch, pinned memory, TensorBoard logger)",
+                  cwd=PL_GAN, data=lambda w: make_mnist(w / PL_GAN / "data", 60_000), warmup=12.0,
+                  expect_not=("gil.contention",), background="Lightning's progress-bar refresh thread (rich), TensorBoard's event-writer thread (Lightning's logger), the pin-memory thread"),
+        PublicJob("fabric-mnist-gpu", "gpu", PL, f"{FABRIC_MNIST}/train_fabric.py", ["--epochs", "1000"],
+                  "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta) on the GPU, no workers",
+                  cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=8.0),
+        PublicJob("mingpt-chargpt-gpu", "gpu", MINGPT, "projects/chargpt/chargpt.py", [],
+                  "minGPT's chargpt (gpt-mini, character-level, block 128, batch 64) on the GPU: its Trainer's "
+                  "DataLoader with 4 workers, pin_memory; 500 tokens sampled every 500 steps",
+                  cwd="projects/chargpt", data=lambda w: make_text(w / "projects" / "chargpt"),
+                  pythonpath=(".",), warmup=8.0),
+        PublicJob("siamese-gpu", "gpu", EX, "siamese_network/main.py", ["--epochs", "1000"],
+                  "pytorch/examples siamese network on MNIST pairs on the GPU: 1 worker, pinned memory",
+                  cwd="siamese_network", data=lambda w: make_mnist(w / "data", 60_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=6.0,
+                  longest=150.0),    # its test pass after each epoch (10,000 pairs, 1 worker) makes no steps
     ]
 
 
@@ -324,6 +386,9 @@ def split_knobs(job: PublicJob, knobs: dict[str, Any]) -> tuple[dict[str, Any], 
                 inj[k] = v
         elif k in GENERIC and not (k == "compile" and not job.compiled):
             inj[k] = v
+        elif k == "compile":
+            # a script that compiles nothing itself: the module each optimizer trains, compiled in place
+            inj["compile_models"] = v
         else:
             left[k] = v
     return inj, argv, left
@@ -335,6 +400,7 @@ class PublicProc(Job):
     def __init__(self, job: PublicJob, knobs: dict[str, Any] | None = None, extra_argv: list[str] = (),
                  thread: str | None = None, tag: str = "before"):
         w = job.workdir()
+        self.longest = job.longest
         self.progress = w / f".progress-{tag}"
         self.log = w / f".inject-{tag}.log"
         for p in (self.progress, self.log):
@@ -347,7 +413,8 @@ class PublicProc(Job):
         if thread:
             env["TRAINPROBE_LEDGER_THREAD"] = thread
         site = PUBLIC / "site"          # packages this machine lacks (torchvision on the CPU machine)
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT)] + ([str(site)] if site.exists() else [])
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT)] + [str(w / x) for x in job.pythonpath]
+                                            + ([str(site)] if site.exists() else [])
                                             + [p for p in [os.environ.get("PYTHONPATH")] if p])
         self.argv = [PY, str(w / job.script), *job.argv, *extra_argv]
         self.proc = subprocess.Popen(self.argv, cwd=w / job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -378,9 +445,10 @@ class PublicProc(Job):
                 raise RuntimeError("job exited:\n" + "".join(self.tail))
             time.sleep(0.2)
 
-    def rate(self, seconds: float, longest: float = 30.0) -> float:
+    def rate(self, seconds: float, longest: float | None = None) -> float:
         """Steps/s over at least SECONDS and at least two progress points (a slow job's window is
-        stretched up to LONGEST seconds)."""
+        stretched up to LONGEST seconds, the job's own `longest` by default)."""
+        longest = self.longest if longest is None else longest
         t0 = time.time()
         time.sleep(seconds)
         while True:

@@ -530,6 +530,18 @@ def _fractions(seconds: dict[str, float], total: float, cats: tuple[str, ...]) -
     return {c: round(seconds.get(c, 0.0) / total, 4) if total > 0 else 0.0 for c in cats}
 
 
+MODULE_SITES = 8
+
+
+def _module_sites(by_site: dict[str, float], total: float) -> list[dict[str, Any]]:
+    """Where the loop calls its modules from (the caller of the outermost nn.Module call, forward
+    time only), hottest first: share of the thread's time under each call site."""
+    if not total:
+        return []
+    rows = sorted(by_site.items(), key=lambda kv: -kv[1])[:MODULE_SITES]
+    return [{"site": k, "fraction": round(v / total, 4)} for k, v in rows]
+
+
 def _top_stacks(spans_by_stack: dict[tuple, float], total: float, n: int = 5) -> list[dict[str, Any]]:
     top = sorted(spans_by_stack.items(), key=lambda kv: -kv[1])[:n]
     return [{"stack": [f.label() for f in st[-6:]], "fraction": round(s / total, 4) if total else 0.0}
@@ -669,6 +681,8 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     by_cat: dict[str, float] = defaultdict(float)
     by_kind: dict[str, float] = defaultdict(float)
     by_stack: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    by_site: dict[str, float] = defaultdict(float)
+    last_site, site_runs, site_switches = None, 0, 0
     timeline: list[list[Any]] = []
     worker_startup = 0.0
     for sp in training.spans:
@@ -676,6 +690,13 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         by_cat[cat] += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
         by_stack[cat][sp.stack] += sp.seconds
+        if cat == "forward":
+            site = pystacks.module_call_site(sp.stack)
+            if site is not None:
+                by_site[site] += sp.seconds
+                site_runs += 1
+                site_switches += last_site is not None and site != last_site
+                last_site = site
         if any(f.name.endswith("_MultiProcessingDataLoaderIter.__init__") for f in sp.stack):
             worker_startup += sp.seconds
         if timeline and timeline[-1][2] == cat and abs(timeline[-1][1] - sp.t0) < 1e-6:
@@ -691,6 +712,11 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         "seconds_by_category": {c: round(by_cat.get(c, 0.0), 4) for c in pystacks.TRAIN_CATEGORIES},
         "top_stacks": {c: _top_stacks(by_stack[c], total) for c in by_stack},
         "worker_startup_seconds": round(worker_startup, 4),
+        "module_call_sites": _module_sites(by_site, total),
+        # successive samples under a module call, and how often the calling site changed between
+        # them: a step that calls its modules from several places alternates them all the time (a
+        # GAN), a periodic evaluation or sampling phase changes site twice
+        "module_call_samples": site_runs, "module_site_switches": site_switches,
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
     }

@@ -110,6 +110,11 @@ class TopStack(TypedDict):
     fraction: float
 
 
+class ModuleSite(TypedDict):
+    site: str                               # "function (file:line)" of the frame calling the module
+    fraction: float                         # share of the thread's time under that call
+
+
 class TrainingThread(TypedDict):
     pid: int
     tid: Optional[int]
@@ -120,6 +125,9 @@ class TrainingThread(TypedDict):
     seconds_by_category: Dict[str, float]
     top_stacks: Dict[str, List[TopStack]]
     worker_startup_seconds: float
+    module_call_sites: List[ModuleSite]     # the callers of the outermost nn.Module calls (forward time)
+    module_call_samples: int                # successive spans under a module call
+    module_site_switches: int               # ... whose calling site differs from the previous one's
     data_transitions: int
     observed_from: float
     observed_to: float

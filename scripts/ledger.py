@@ -628,6 +628,7 @@ HELDOUT_GRID = {
     "churn_m": (1.5, 2.3, 3.0),
     "scale_a": (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0),
     "compile_e": (0.35, 0.53, 0.75),
+    "compile_multi": (0.0, 0.5, 1.0),
     "switch_us": (10.0, 30.0, 50.0),
     "par_eff": (0.0, 0.15, 0.3, 0.5, 0.75, 1.0),
 }
@@ -640,7 +641,11 @@ def applied_knobs(row: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] 
     entry's printed `knobs`."""
     for k in ("injected", "fix_knobs", "knobs"):
         if isinstance(entry.get(k), dict) and (entry[k] or k != "injected"):
-            return dict(entry[k])
+            got = dict(entry[k])
+            if "compile_models" in got:
+                # the printed compile, applied to a script that compiles nothing itself
+                got["compile"] = got.pop("compile_models")
+            return got
     if isinstance(row.get("fix_knobs"), dict):
         return dict(row["fix_knobs"])
     return None

@@ -26,7 +26,10 @@ The step after a fix is the largest of what stays in place:
            longer issues those kernels one by one; the GPU's own time stays as the gpu term; times
            A_PIN after a pinning fix, times (1 + e (L - 1)) / (1 + e (n' - 1)) when its intra-op
            threads are capped at n', e the parallel efficiency par_eff: L/n' at e = 1),
-           plus f_load while the loop still loads batches itself,
+           plus f_load while the loop still loads batches itself, plus today's wait for workers f_wait
+           when the fix leaves the data path as it is (the same workers, batches, pinning and
+           re-creation: a wait the workers' pace does not explain, such as re-created workers'
+           start-up, stays; where the pace does explain it, the data term sets the step anyway),
     data   k D / (W e(W)): W workers each at the per-worker rate e(W) of today's (e falls as W grows
            beside the P CPUs: memory bandwidth, decode, the CPUs shared with the loop, the pin-memory
            thread and the driver's threads; scale_a below, fitted held out; see docs/models.md),
@@ -90,6 +93,12 @@ class Calibration:
                 its CPU (the cap's waste sigma, see the module docstring)
     compile_fusion  the loop's and the GPU's time after torch.compile of an eager model, over what
                 launch capture alone leaves (kernel fusion): a prior for the interval, not fitted
+    compile_multi  the share of compile_e left when the loop calls its modules from several places in
+                every step, alternating (a GAN: the discriminator on real images, on a detached fake and
+                on the fake again, the generator between): each call is a graph of its own, in another
+                autograd state, and CUDA graphs of such a step measured no gain (pytorch/examples
+                DCGAN 1.00x, Lightning's GAN template 0.92x and 0.97x, where e = compile_e predicted
+                1.78-1.95x); the optimistic end keeps all of it
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
                 with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
                 from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
@@ -104,6 +113,7 @@ class Calibration:
     compile_e: tuple[float, float, float] = (0.75, 0.53, 0.35)
     switch_us: tuple[float, float, float] = (60.0, 30.0, 0.0)
     compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
+    compile_multi: tuple[float, float, float] = (1.0, 0.0, 0.0)
     par_eff: tuple[float, float, float] = (0.0, 0.2, 1.0)
 
 
@@ -227,6 +237,7 @@ class StepModel:
     others: float | None = None        # cores other processes took on the job's CPUs (measured), else None
     switch_rate: float = 0.0           # involuntary switches per second per held core of the busy team
     openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
+    interleaved_calls: bool = False    # the loop calls its modules from several places, alternating, every step
 
     @property
     def f(self) -> float:
@@ -318,7 +329,8 @@ class StepModel:
         if ch.sync_removed:
             loop -= self.s_sync
         if ch.launch_captured:
-            loop -= cal.compile_e[i] * max(self.h_launch, self.x_launch)
+            e_c = cal.compile_e[i] * (cal.compile_multi[i] if self.interleaved_calls else 1.0)
+            loop -= e_c * max(self.h_launch, self.x_launch)
         fuse = cal.compile_fusion[i] if (ch.launch_captured and ch.fusion) else 1.0
         loop *= fuse
         if ch.h2d_removed:
@@ -366,7 +378,13 @@ class StepModel:
             # Only the re-creation goes: the wait beyond it stays (the workers' pace is unchanged).
             terms["loop"] = loop + max(self.f_wait - self.churn_s, 0.0)
         else:
-            terms["loop"] = loop
+            # A fix that leaves the data path as it is (the same workers, batches, pinning and
+            # re-creation) leaves today's wait for them in place as well: the workers' pace does not
+            # explain a wait they keep up with (re-created workers' start-up, a batch's latency), and
+            # where it does, the data term below sets the step anyway.
+            keeps_wait = (workers_same and not ch.persistent and not ch.pin_memory and ch.gil_step is None
+                          and ch.others_removed is None and not ch.runq_removed)
+            terms["loop"] = loop + (self.f_wait if keeps_wait else 0.0)
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
             if self.pin_cores > 0 and not self.d_inloop:
                 # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
@@ -442,6 +460,7 @@ class StepModel:
              "worker_cores": round(self.worker_cores, 3), "pin_cores": round(self.pin_cores, 4),
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
+             "interleaved_calls": self.interleaved_calls,
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -535,6 +554,7 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     _gpu_terms(ev, m)
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
     m.churn_s = _churn_share(tt, m.f)
+    m.interleaved_calls = interleaved_calls(tt)
     if tt.get("worker_startup_seconds", 0) > 0:
         m.recreated = True
     return m
@@ -636,6 +656,18 @@ def _switch_rate(me: dict[str, Any], win: float) -> float:
             n += int(t.get("involuntary_ctxsw") or 0)
             cores += cpu
     return n / win / max(cores, 0.05) if cores else 0.0
+
+
+INTERLEAVED_SWITCHES = 4      # at least this many changes of the calling site between module-call samples
+INTERLEAVED_SHARE = 0.3       # ... and at least this share of them (a periodic eval or sampling phase: 1-2)
+
+
+def interleaved_calls(tt: dict[str, Any]) -> bool:
+    """The loop calls its modules from two or more places, alternating between them all the time
+    (py-spy: the caller of the outermost nn.Module call changes between successive samples): a GAN's
+    step, not one forward a step with a periodic evaluation or sampling phase beside it."""
+    n, sw = int(tt.get("module_call_samples") or 0), int(tt.get("module_site_switches") or 0)
+    return sw >= INTERLEAVED_SWITCHES and sw >= INTERLEAVED_SHARE * n
 
 
 def _churn_share(tt: dict[str, Any], f: float) -> float:

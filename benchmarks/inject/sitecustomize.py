@@ -8,7 +8,10 @@ Put this folder first on PYTHONPATH of the job (benchmarks/public_ledger.py does
                               builds, or every one with TRAINPROBE_LEDGER_LOADERS=all);
                               worker_threads sets torch.set_num_threads in each worker;
                               intra_op_threads calls torch.set_num_threads; compile sets the mode
-                              of the script's own torch.compile calls.
+                              of the script's own torch.compile calls; compile_models (a script
+                              that compiles nothing itself) compiles, in place after its first
+                              step, the module each optimizer trains (nn.Module.compile(mode=...),
+                              what `model = torch.compile(model, mode=...)` does).
   TRAINPROBE_LEDGER_PROGRESS  a file: "unix_time steps" is rewritten in place at most every 0.2 s
                               from an optimizer step post-hook (no thread, no output);
                               TRAINPROBE_LEDGER_COUNT=backward counts loss.backward() calls instead,
@@ -101,6 +104,44 @@ def _patch_compile(torch) -> None:
     torch.compile = compile
 
 
+def _patch_compile_models(torch) -> None:
+    """After each optimizer's first step, compile the module it trains: the deepest module whose
+    parameters are all of the optimizer's (the model itself, not a wrapper around it such as DDP or
+    Fabric's), else, where no one module holds them all, each deepest module holding only its
+    parameters and none of a larger such module's."""
+    import gc
+    import weakref
+    mode = _KNOBS["compile_models"]
+    seen: "weakref.WeakSet" = weakref.WeakSet()
+
+    def modules_of(opt):
+        ids = {id(p) for g in opt.param_groups for p in g["params"]}
+        mods = [m for m in gc.get_objects() if isinstance(m, torch.nn.Module)]
+        cand = []
+        for m in mods:
+            ps = [id(p) for p in m.parameters()]
+            if ps and all(i in ids for i in ps):
+                cand.append((m, set(ps)))
+        full = [m for m, ps in cand if ps == ids]
+        if full:
+            # the deepest: no other module holding them all is inside it
+            deepest = [m for m in full if not any(c is not m and any(c is f for f in full) for c in m.modules())]
+            return deepest[:1] or full[:1]
+        inner = {id(c) for m, _ in cand for c in m.modules() if c is not m}
+        return [m for m, _ in cand if id(m) not in inner]
+
+    def hook(optimizer, args, kwargs):
+        if optimizer in seen:
+            return
+        seen.add(optimizer)
+        for m in modules_of(optimizer):
+            m.compile(mode=mode)
+            _log(f"compiled {type(m).__name__} in place, mode {mode!r} (the module optimizer "
+                 f"{type(optimizer).__name__} trains)")
+    import importlib
+    importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(hook)
+
+
 def _count_steps(torch) -> None:
     fd = os.open(_PROGRESS, os.O_WRONLY | os.O_CREAT, 0o644)
     state = {"n": 0, "last": 0.0}
@@ -134,6 +175,8 @@ def _after_torch(torch) -> None:
             _log(f"torch.set_num_threads({int(_KNOBS['intra_op_threads'])})")
         if "compile" in _KNOBS:
             _patch_compile(torch)
+        if "compile_models" in _KNOBS and _IS_OWNER:
+            _patch_compile_models(torch)
         if _PROGRESS and _IS_OWNER:
             _count_steps(torch)
     except Exception as exc:  # noqa: BLE001 - the job runs on; the harness sees the log

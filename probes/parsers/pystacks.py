@@ -214,6 +214,18 @@ def classify_training(stack: tuple[Frame, ...], source: Mapping[str, str]) -> st
     return "other"
 
 
+MODULE_CALL = ("Module._wrapped_call_impl", "Module._call_impl", "Module.__call__")
+
+
+def module_call_site(stack: tuple[Frame, ...]) -> str | None:
+    """The frame that called the outermost nn.Module (its function and line: `netD(real)` and
+    `netD(fake.detach())` are two sites), or None when no module is being called."""
+    for i, f in enumerate(stack):
+        if f.name in MODULE_CALL and is_torch(f.filename):
+            return stack[i - 1].label() if i > 0 else None
+    return None
+
+
 def classify_worker(stack: tuple[Frame, ...]) -> str:
     """Where one sample of a DataLoader worker's main thread was: one of WORKER_CATEGORIES."""
     names = [f.name for f in stack]

@@ -44,3 +44,38 @@ def test_docs_page_is_generated_from_the_raw_json():
     for r in led["rows"]:
         assert r["case"] in page
     assert "Top-1 correct" in page
+
+
+def test_compile_is_applied_to_the_module_each_optimizer_trains(tmp_path):
+    # benchmarks/inject/sitecustomize.py on a real torch process: a script that compiles nothing
+    # gets the printed `torch.compile(model, mode=...)` as nn.Module.compile on the model its
+    # optimizer trains (not a wrapper around it), and a GAN's two models each get theirs.
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "class Wrap(torch.nn.Module):\n"
+        "    def __init__(self, m):\n"
+        "        super().__init__(); self.inner = m\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))\n"
+        "w = Wrap(net)\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)\n"
+        "gan = Wrap(torch.nn.ModuleList([g, d]))\n"
+        "og, od = torch.optim.Adam(g.parameters()), torch.optim.Adam(d.parameters())\n"
+        "for o in (opt, og, od):\n"
+        "    o.step()\n"
+        "print(' '.join(str(m._compiled_call_impl is not None) for m in (net, w, g, d, gan)))\n")
+    log = tmp_path / "inject.log"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "benchmarks" / "inject"),
+           "TRAINPROBE_LEDGER_KNOBS": json.dumps({"compile_models": "reduce-overhead"}),
+           "TRAINPROBE_LEDGER_LOG": str(log)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "False", "True", "True", "False"], r.stdout
+    assert log.read_text().count("compiled ") == 3
+
+
+def test_a_compile_applied_to_the_optimizers_modules_is_the_printed_compile():
+    # the measured row is evaluated at what was applied: compile_models is the printed compile
+    got = ledger.applied_knobs({}, {"injected": {"compile_models": "reduce-overhead", "num_workers": 2}})
+    assert got == {"compile": "reduce-overhead", "num_workers": 2}
