@@ -126,7 +126,7 @@ class TrainingThread(TypedDict):
     top_stacks: Dict[str, List[TopStack]]
     worker_startup_seconds: float
     module_call_sites: List[ModuleSite]     # the callers of the outermost nn.Module calls (forward time)
-    module_call_samples: int                # successive spans under a module call
+    module_call_samples: int                # spans under a module call (py-spy's samples, merged while the stack holds)
     module_site_switches: int               # ... whose calling site differs from the previous one's
     data_transitions: int
     observed_from: float

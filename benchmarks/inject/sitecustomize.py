@@ -124,9 +124,9 @@ def _patch_compile_models(torch) -> None:
                 cand.append((m, set(ps)))
         full = [m for m, ps in cand if ps == ids]
         if full:
-            # the deepest: no other module holding them all is inside it
-            deepest = [m for m in full if not any(c is not m and any(c is f for f in full) for c in m.modules())]
-            return deepest[:1] or full[:1]
+            # the deepest: no other module holding them all is inside it (one always is)
+            ids_full = {id(f) for f in full}
+            return [m for m in full if not any(id(c) in ids_full for c in m.modules() if c is not m)][:1]
         inner = {id(c) for m, _ in cand for c in m.modules() if c is not m}
         return [m for m, _ in cand if id(m) not in inner]
 
