@@ -16,7 +16,8 @@ free-threaded build) there is no estimate at all: CPU time alone is never read a
 
     b   share of the training thread's samples in Python, torch or native code (not blocking frames),
     c   share of the window it ran on a CPU, r share it waited for one,
-    h   share of the window other threads held the GIL (the suspects: each thread's own share).
+    h   share of the window other threads held the GIL (the suspects: each thread's own share), less
+        the DataLoader's own threads' (DATALOADER_THREADS).
 
 Error: h from the sampler's n samples (+-sqrt(h(1-h)/n)), b from the main sampler's; carried as
 `g_err`.
@@ -31,6 +32,16 @@ from trainprobe.probes.pyspy import allocate_waits
 
 SUSPECT_SHARE = 0.05          # another thread held the GIL at least this share of the sampler's samples
 MIN_HELD_SAMPLES = 3          # ... and in at least this many samples
+# The DataLoader's own threads: the pin-memory thread receives every batch from the workers
+# (recvfds, unpickling) and pins it, the queue feeders hand indices to them. Their GIL time is the
+# data path's cost (the step model's pin term bounds the step by it), not a background thread's that
+# could be stopped or moved: never a GIL suspect. (Lightning's GAN template, 16 workers: the pin-memory
+# thread held the GIL in 4 of 39 samples, in recvfds, and was blamed for a 1.28x GIL wait.)
+DATALOADER_THREADS = ("_pin_memory_loop", "pt_data_pin", "QueueFeederThread")
+
+
+def dataloader_thread(name: str | None) -> bool:
+    return any(k in (name or "") for k in DATALOADER_THREADS)
 
 
 def ownership(ev: Evidence) -> dict[str, Any]:
@@ -50,7 +61,7 @@ def suspects(ev: Evidence) -> list[dict[str, Any]]:
         return []
     tt = (ev.get("pyspy") or {}).get("training_thread") or {}
     return [t for t in own.get("threads") or [] if t.get("tid") != tt.get("tid")
-            and t["share"] >= SUSPECT_SHARE and t["samples"] >= MIN_HELD_SAMPLES]
+            and t["share"] >= SUSPECT_SHARE and t["samples"] >= MIN_HELD_SAMPLES and not dataloader_thread(t.get("name"))]
 
 
 def _cpu(ev: Evidence, tt: dict[str, Any]) -> tuple[float, float] | None:
@@ -81,7 +92,9 @@ def gil_wait(ev: Evidence) -> dict[str, Any] | None:
     if cr is None:
         return None
     c, r = cr
-    h = 0.0 if own.get("free_threaded") else float(own.get("others_share") or 0.0)
+    # (the DataLoader's own threads' share is the data path's: not a wait a fix of a thread removes)
+    dl = sum(float(t.get("share") or 0.0) for t in own.get("threads") or [] if dataloader_thread(t.get("name")))
+    h = 0.0 if own.get("free_threaded") else max(0.0, float(own.get("others_share") or 0.0) - dl)
     kinds = tt.get("frame_kinds") or {}
     waits = tt.get("waits")
     if waits is None or tt.get("cpu_fraction") is None:
