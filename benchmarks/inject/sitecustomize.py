@@ -138,7 +138,6 @@ def _patch_compile_models(torch) -> None:
             m.compile(mode=mode)
             _log(f"compiled {type(m).__name__} in place, mode {mode!r} (the module optimizer "
                  f"{type(optimizer).__name__} trains)")
-    import importlib
     importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(hook)
 
 
