@@ -347,6 +347,20 @@ def gpu_jobs() -> list[PublicJob]:
                   cwd="siamese_network", data=lambda w: make_mnist(w / "data", 60_000),
                   flags={"item_every": _set("--log-interval")}, warmup=6.0,
                   longest=150.0),    # its test pass after each epoch (10,000 pairs, 1 worker) makes no steps
+        PublicJob("vae-gpu", "gpu", EX, "vae/main.py", ["--epochs", "1000"],
+                  "pytorch/examples VAE on MNIST on the GPU: 1 worker, pinned memory",
+                  cwd="vae", data=lambda w: make_mnist(w / "data", 120_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=6.0),
+        PublicJob("mnist-rnn-gpu", "gpu", EX, "mnist_rnn/main.py", ["--epochs", "1000", "--accel"],
+                  "pytorch/examples LSTM over MNIST rows on the GPU: 1 worker, pinned memory",
+                  cwd="mnist_rnn", data=lambda w: make_mnist(w / "data", 60_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=6.0),
+        PublicJob("wlm-gpu", "gpu", EX, "word_language_model/main.py",
+                  ["--epochs", "1000", "--accel", "--use-optimizer", "--lr", "0.001"],
+                  "pytorch/examples word-level LSTM language model on the GPU (its own batching, no "
+                  "DataLoader; the script's AdamW option)",
+                  cwd="word_language_model", data=lambda w: make_words(w / "word_language_model"),
+                  env={"TRAINPROBE_LEDGER_COUNT": "backward"}, warmup=6.0),
     ]
 
 

@@ -25,6 +25,7 @@ from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
+WORKER_COMM = "pt_data_worker"   # the name recent torch gives its DataLoader worker processes
 LIB_MARKERS = ("libtorch", "libcuda.so", "libcudart", "libnccl", "libpython", "libgomp", "libiomp")
 
 
@@ -82,6 +83,7 @@ class _Followed:
         self.limit = limit
         self.pids: set[int] = set()
         self._others: set[int] = set()
+        self.comms: dict[str, str] = {}
 
     def keep(self, tree: list[tuple[int, int]]) -> list[tuple[int, int]]:
         out = []
@@ -93,8 +95,29 @@ class _Followed:
                 self._others.add(p)
         return out
 
-    def row(self, t_unix: float, kept: list[tuple[int, int]]) -> dict[str, Any]:
-        return {"t_unix": t_unix, "pids": [p for p, _ in kept]}
+    def row(self, t_unix: float, kept: list[tuple[int, int]], root: str | None = None,
+            target: int | None = None) -> dict[str, Any]:
+        """One listing of the tree; with `root`, also each child's CPU seconds so far (one read of its
+        stat): a worker that exits inside the window then still shows the CPU it spent in it, where
+        the start and end snapshots alone would show none (or, seen only at the start, the CPU of its
+        whole life)."""
+        row: dict[str, Any] = {"t_unix": t_unix, "pids": [p for p, _ in kept]}
+        if root is not None:
+            cpu: dict[str, float] = {}
+            for p, _ in kept:
+                if p == target:
+                    continue
+                text = procfs.try_read_text(root, f"proc/{p}/stat")
+                if not text or ")" not in text:
+                    continue
+                try:
+                    st = procfs.parse_stat(text)
+                except (ValueError, IndexError):
+                    continue
+                cpu[str(p)] = round(st["utime_s"] + st["stime_s"], 2)
+                self.comms[str(p)] = st["comm"]   # the latest: a worker names itself after it starts
+            row["cpu"] = cpu
+        return row
 
     @property
     def not_followed(self) -> int:
@@ -129,7 +152,7 @@ class ProcessProbe(Probe):
     name = "process"
     description = "process tree, threads, per-thread CPU, context switches, affinity (from /proc)"
     needs = ("/proc readable for the target",)
-    cost = "negligible: two /proc snapshots and a child listing every 0.5 s"
+    cost = "negligible: two /proc snapshots and a child listing (with each child's CPU) every 0.5 s"
     timeout_s = 10.0
     evidence_schema = ProcessEvidence
     # Measured per 10 s window, capture and parse (docs/cost.md, benchmarks/gpu_cost.py on the H200
@@ -177,7 +200,7 @@ class ProcessProbe(Probe):
         while not rec.stop.is_set() and time.monotonic() < deadline_monotonic:
             rec.stop.wait(min(0.5, max(0.0, deadline_monotonic - time.monotonic())))
             tree = follow.keep(self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else [])
-            timeline.append(follow.row(time.time(), tree))
+            timeline.append(follow.row(time.time(), tree, root, spec.pid))
             for p, pp in tree:
                 if str(p) not in env:
                     env[str(p)] = _environ(root, p)
@@ -197,7 +220,7 @@ class ProcessProbe(Probe):
             "environ": env, "libraries": libs, "exe": exe, "cgroup": cgroup, "cpu_max": cpu_max,
             "cpus_online": procfs.try_read_text(root, "sys/devices/system/cpu/online"),
             "target_exited_unix": target_exited_unix, "threads_at_start": n_threads,
-            "processes_not_followed": follow.not_followed,
+            "processes_not_followed": follow.not_followed, "comms": follow.comms,
         }))
         if follow.not_followed:
             rec.capture.meta["processes_not_followed"] = follow.not_followed
@@ -251,10 +274,13 @@ def _thread_rows(start: dict | None, end: dict | None, window_s: float) -> list[
             s_sched = procfs.parse_schedstat(s.get("schedstat"))
             if sched and s_sched:
                 run_delay = sched["wait_s"] - s_sched["wait_s"]
+        known = bool(e) or start is None   # a thread gone before the end shows its whole life's CPU
+        if not known:
+            cpu, run_delay = 0.0, None
         rows.append({
             "tid": int(tid), "name": st["comm"], "state": st["state"],
             "cpu_seconds": round(max(cpu, 0.0), 4),
-            "cpu_fraction": round(max(cpu, 0.0) / window_s, 4) if window_s > 0 else None,
+            "cpu_fraction": round(max(cpu, 0.0) / window_s, 4) if window_s > 0 and known else None,
             "voluntary_ctxsw": vol, "involuntary_ctxsw": invol,
             "run_delay_seconds": None if run_delay is None else round(max(run_delay, 0.0), 6),
             "last_cpu": st["processor"], "seen": "both" if (s and e) else ("start" if s else "end"),
@@ -283,26 +309,46 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
 
     all_pids = sorted({int(p) for p in start["procs"]} | {int(p) for p in end["procs"]}
                       | {p for row in d.get("timeline", []) for p in row["pids"]})
+    # Each child's CPU at the listings through the window (captures from 2026-12-02 on): the last
+    # reading of a process that exited inside the window.
+    last_cpu: dict[str, float] = {}
+    for row in d.get("timeline", []):
+        for k, v in (row.get("cpu") or {}).items():
+            last_cpu[k] = v
+    comms = d.get("comms") or {}
     processes = []
     for p in all_pids:
         s, e = start["procs"].get(str(p)), end["procs"].get(str(p))
         ref = e or s
         env = environ.get(str(p), {})
         if ref is None:
-            processes.append({"pid": p, "ppid": parents.get(p), "role": _role(p, int(pid), parents, env, "", environ=environ),
-                              "cmdline": "", "cpu_seconds": None, "threads": [], "alive_at_end": False,
-                              "seen": "listing", "env": env})
+            comm = comms.get(str(p), "")
+            role = ("dataloader_worker" if comm.startswith(WORKER_COMM)
+                    else _role(p, int(pid), parents, env, "", environ=environ))
+            row = {"pid": p, "ppid": parents.get(p), "role": role, "cmdline": "", "cpu_seconds": None,
+                   "threads": [], "alive_at_end": False, "seen": "listing", "env": env}
+            if str(p) in last_cpu:   # born and gone inside the window: all its CPU is the window's
+                row.update(cpu_seconds=last_cpu[str(p)], cpu_cores=round(last_cpu[str(p)] / window_s, 4),
+                           cpu_basis="until_exit")
+            processes.append(row)
             continue
         facts = _proc_facts(ref)
-        cpu = facts["cpu_s"]
+        cpu: float | None = facts["cpu_s"]
+        basis = "window" if (s and e) else "born_in_window"
         if s and e:
             cpu -= _proc_facts(s)["cpu_s"]
+        elif s:
+            # Gone before the end: its CPU at the start snapshot is its whole life's; what it spent in
+            # the window is its last listing's reading less that, else unknown.
+            basis = "until_exit" if str(p) in last_cpu else "unknown"
+            cpu = last_cpu[str(p)] - facts["cpu_s"] if str(p) in last_cpu else None
         threads = _thread_rows(s, e, window_s)
         processes.append({
             "pid": p, "ppid": facts["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
             "cmdline": ref["cmdline"], "argv": ref.get("argv"), "state": facts["state"], "num_threads": facts["num_threads"],
-            "cpu_seconds": round(max(cpu, 0.0), 4),
-            "cpu_cores": round(max(cpu, 0.0) / window_s, 4),
+            "cpu_seconds": None if cpu is None else round(max(cpu, 0.0), 4),
+            "cpu_cores": None if cpu is None else round(max(cpu, 0.0) / window_s, 4),
+            "cpu_basis": basis,
             "cpus_allowed": facts["cpus_allowed"], "mems_allowed": facts["mems_allowed"],
             "rss_mb": facts["rss_mb"], "threads": threads,
             "alive_at_end": e is not None, "seen": "both" if (s and e) else ("start" if s else "end"),

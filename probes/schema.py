@@ -51,7 +51,12 @@ class ProcessRow(_ProcessRowSeen, total=False):
     argv: Optional[List[str]]       # None in captures older than argv
     state: str
     num_threads: int
-    cpu_cores: float
+    # CPU in the window / window; None where unknown: a process gone before the end with no listing's
+    # reading after the start (captures before 2026-12-02 read no CPU between the two snapshots).
+    cpu_cores: Optional[float]
+    # "window": both snapshots; "born_in_window": seen at the end only; "until_exit": gone before the
+    # end, to its last listing's reading (its last half second or less is missing); "unknown".
+    cpu_basis: Literal["window", "born_in_window", "until_exit", "unknown"]
     cpus_allowed: Optional[str]
     mems_allowed: Optional[str]
     rss_mb: Optional[float]

@@ -335,7 +335,11 @@ class StepModel:
         loop *= fuse
         if ch.h2d_removed:
             loop -= self.x_h2d
-        if ch.pin_memory and self.uses_cuda and not self.d_inloop:
+        if ch.pin_memory and self.uses_cuda and (not self.d_inloop or i == 0):
+            # Pinned batches from workers shorten the loop (a_pin, fitted where workers handed it
+            # pageable ones). A loop that loads its own batches may pin them already (transformers'
+            # Trainer does by default, and py-spy rarely samples the pinning): the shrink is then only
+            # the interval's optimistic end (Lightning Fabric's MNIST, no workers: 0.76 of its loop).
             loop *= cal.a_pin[i]
         n_now = max(self.threads_busy, 1)
         n = ch.intra_threads or n_now
@@ -487,6 +491,26 @@ def spy_worker_cores(workers: dict[str, Any], window_s: float) -> float:
     return busy / window_s
 
 
+def workers_of(proc: dict[str, Any], me: dict[str, Any], w_now: int, spy_workers: dict[str, Any] | None,
+               tt_seconds: float) -> tuple[list[dict[str, Any]], int, float]:
+    """(worker processes seen, live workers, cores they used in the window) of one training process.
+    Live workers: the most alive at once (at the window's start or end), not every PID seen: workers
+    re-created every epoch come and go and would otherwise be counted several times. Their cores: the
+    process probe's CPU of each in the window (a worker gone before the end, to its last reading;
+    unknown, and left out, where a capture has no reading after the start), at least what py-spy's
+    samples of them show."""
+    w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
+              and x.get("seen") != "listing"]
+    alive_end = len([x for x in w_proc if x["alive_at_end"]])
+    alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
+    live = max(alive_end, alive_start)
+    w_now = live if w_proc else w_now
+    worker_cores = sum(float(x["cpu_cores"]) for x in proc["processes"] if x["role"] == "dataloader_worker"
+                       and x.get("ppid") == me["pid"] and x.get("cpu_cores") is not None)
+    worker_cores = max(worker_cores, spy_worker_cores(spy_workers or {}, tt_seconds))
+    return w_proc, w_now, worker_cores
+
+
 def _loop_thread_cores(me: dict[str, Any]) -> tuple[float, int]:
     """(cores, busy threads) of the training process's own compute: every thread but the pin-memory
     thread, which runs whatever the loop does."""
@@ -602,13 +626,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     if th and win and th.get("run_delay_seconds") is not None:
         m.r_loop = float(th["run_delay_seconds"]) / win
     m.p = max(1.0, m.p_allowed * (1.0 - min(m.r_loop, 0.9))) if m.r_loop >= CROWDED_RUNQ else m.p_allowed
-    w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
-              and x.get("cpu_cores") is not None]
-    alive_end = len([x for x in w_proc if x["alive_at_end"]])
-    alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
-    if w_proc:
-        m.w_now = max(alive_end, alive_start)
-    worker_cores = max(sum(x["cpu_cores"] for x in w_proc), spy_worker_cores(workers, tt_s))
+    _, m.w_now, worker_cores = workers_of(proc, me, m.w_now, workers, tt_s)
     main_cores = float(me.get("cpu_cores") or 0.0)
     m.u = main_cores + worker_cores if n > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
     m.d_inloop = not m.w_now

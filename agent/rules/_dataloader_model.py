@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainprobe.agent.combiners.step_model import CAL, spy_worker_cores
+from trainprobe.agent.combiners.step_model import CAL, workers_of
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact
 
@@ -83,24 +83,6 @@ def _cpus_for_loop(proc: dict[str, Any], me: dict[str, Any], n_trainers: int, fa
     return p
 
 
-def _workers_of(proc: dict[str, Any], me: dict[str, Any], w_now: int, spy_workers: dict[str, Any] | None,
-                tt_seconds: float) -> tuple[list[dict[str, Any]], int, float]:
-    """(worker processes seen, live workers, cores they used) of one training process."""
-    w_proc = [x for x in proc["processes"] if x["role"] == "dataloader_worker" and x.get("ppid") == me["pid"]
-              and x.get("cpu_cores") is not None]
-    # Live workers: the most alive at once (at the window's start or end), not every PID seen:
-    # workers re-created every epoch come and go and would otherwise be counted several times.
-    alive_end = len([x for x in w_proc if x["alive_at_end"]])
-    alive_start = len([x for x in w_proc if x.get("seen") in ("both", "start")])
-    live = max(alive_end, alive_start)
-    w_now = live if w_proc else w_now
-    worker_cores = sum(x["cpu_cores"] for x in w_proc)
-    # Workers that lived only part of the window (re-created each epoch) are missing from the
-    # process probe's start/end readings; py-spy sampled them while they lived.
-    worker_cores = max(worker_cores, spy_worker_cores(spy_workers or {}, tt_seconds))
-    return w_proc, w_now, worker_cores
-
-
 def model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: float, f_load: float, w_now: int,
                  facts: list[Fact], spy_workers: dict[str, Any] | None = None,
                  tt_seconds: float = 0.0) -> dict[str, Any]:
@@ -111,7 +93,7 @@ def model_inputs(ev: Evidence, trainer_pid: int | None, n_trainers: int, f: floa
     if not proc or me is None:
         return _inputs_without_process(ev, n_trainers, f, w_now, c)
     p = _cpus_for_loop(proc, me, n_trainers, facts)
-    w_proc, w_now, worker_cores = _workers_of(proc, me, w_now, spy_workers, tt_seconds)
+    w_proc, w_now, worker_cores = workers_of(proc, me, w_now, spy_workers, tt_seconds)
     main_cores = float(me.get("cpu_cores") or 0.0)
     u = main_cores + worker_cores if n_trainers > 1 else float(proc.get("total_cpu_cores") or (main_cores + worker_cores))
     d = worker_cores + f_load if w_now else f_load * HANDOFF_K[1]

@@ -242,6 +242,11 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     if force is not None:
         pin_fix = pin_fix and bool(force.get("pin_memory"))
     a = A_PIN if pin_fix else (1.0, 1.0, 1.0)
+    # What the fix sets (_settings_kwargs): a loop loading its own batches on CUDA gets pinned ones too;
+    # the step model decides what that is worth (for such a loop, only at the interval's optimistic end).
+    pin_set = bool(m["uses_cuda"] and not pinned_now)
+    if force is not None:
+        pin_set = pin_set and bool(force.get("pin_memory"))
     # f is a share of py-spy samples: C carries its sampling error (SAMPLE_Z standard errors).
     n_samples = max(1.0, float(lp.tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0))
     c_err = SAMPLE_Z * math.sqrt(max(lp.f * (1.0 - lp.f), 0.0) / n_samples)
@@ -271,11 +276,11 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     sm = step_model.from_evidence(ev, lp.worst["pid"] if lp.multi else None)
     threads = None
     if sm is not None:
-        step = sm.after(Change(workers=w_prop, pin_memory=pin_fix, persistent=recreated))
+        step = sm.after(Change(workers=w_prop, pin_memory=pin_set, persistent=recreated))
         if step.oversubscribed:
             # The workers need CPUs the intra-op threads take: cap the threads so both fit (the joint fix).
             threads = max(1, int(math.floor(sm.p_allowed + 1e-6)) - w_prop)
-            step = sm.after(Change(workers=w_prop, pin_memory=pin_fix, persistent=recreated, intra_threads=threads))
+            step = sm.after(Change(workers=w_prop, pin_memory=pin_set, persistent=recreated, intra_threads=threads))
             facts.append(Fact("process", f"busy intra-op threads of the training process beside {w_prop} new "
                                          f"worker(s) on {sm.p_allowed:.3g} CPUs", sm.threads_busy))
         speedup, interval = step.speedup, step.interval
