@@ -98,7 +98,9 @@ class Calibration:
                 on the fake again, the generator between): each call is a graph of its own, in another
                 autograd state, and CUDA graphs of such a step measured no gain (pytorch/examples
                 DCGAN 1.00x, Lightning's GAN template 0.92x and 0.97x, where e = compile_e predicted
-                1.78-1.95x); the optimistic end keeps all of it
+                1.78-1.95x); the optimistic end keeps all of it. The same holds where the step's
+                forward runs a recurrent module (nn.LSTM, GRU, RNN: dynamo graph-breaks around it by
+                default): pytorch/examples' word-level LSTM measured 0.87x for a predicted 1.86x
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
                 with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
                 from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
@@ -234,10 +236,12 @@ class StepModel:
     p_source: str = ""
     worker_cores: float = 0.0          # cores the DataLoader workers used
     pin_cores: float = 0.0             # CPU-s per step of the pin-memory thread(s) (0: none seen)
+    pin_gil: float | None = None       # share of the step the pin-memory thread holds the GIL (py-spy --gil)
     others: float | None = None        # cores other processes took on the job's CPUs (measured), else None
     switch_rate: float = 0.0           # involuntary switches per second per held core of the busy team
     openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
     interleaved_calls: bool = False    # the loop calls its modules from several places, alternating, every step
+    rnn_share: float = 0.0             # the loop's share in nn.LSTM / GRU / RNN forwards (graph breaks)
 
     @property
     def f(self) -> float:
@@ -246,6 +250,25 @@ class StepModel:
     @property
     def c(self) -> float:
         return max(1.0 - self.f, 0.02)
+
+    @property
+    def split_graphs(self) -> bool:
+        """Compiling the step would give several graphs with eager code between them: modules called
+        from several places in turn, or a recurrent module (nn.LSTM, GRU, RNN), which dynamo does not
+        trace unless told to (torch._dynamo.config.allow_rnn is False by default): it graph-breaks
+        around it and the recurrence runs eagerly."""
+        return self.interleaved_calls or self.rnn_share >= RNN_SHARE
+
+    def pin_serial(self, sc: str, keeps_wait: bool) -> float:
+        """The pin-memory thread's time under the GIL that lands on the loop once it no longer waits:
+        today that thread works while the loop waits for its batches; with the wait gone, its Python
+        (receiving each batch's tensors, unpickling them) and the loop's take turns at the GIL. The
+        middle counts its measured GIL share (py-spy --gil), the longest step all of its CPU, the
+        shortest none; never more than the wait it overlapped today."""
+        if keeps_wait or self.pin_cores <= 0 or self.d_inloop or not self.uses_cuda or sc == "lo":
+            return 0.0
+        held = self.pin_cores if sc == "hi" else min(self.pin_gil or 0.0, self.pin_cores)
+        return min(held, self.f_wait)
 
     def share_err(self, x: float) -> float:
         return SAMPLE_Z * math.sqrt(max(x * (1.0 - x), 0.0) / max(self.n_samples, 1.0))
@@ -329,7 +352,7 @@ class StepModel:
         if ch.sync_removed:
             loop -= self.s_sync
         if ch.launch_captured:
-            e_c = cal.compile_e[i] * (cal.compile_multi[i] if self.interleaved_calls else 1.0)
+            e_c = cal.compile_e[i] * (cal.compile_multi[i] if self.split_graphs else 1.0)
             loop -= e_c * max(self.h_launch, self.x_launch)
         fuse = cal.compile_fusion[i] if (ch.launch_captured and ch.fusion) else 1.0
         loop *= fuse
@@ -388,7 +411,7 @@ class StepModel:
             # where it does, the data term below sets the step anyway.
             keeps_wait = (workers_same and not ch.persistent and not ch.pin_memory and ch.gil_step is None
                           and ch.others_removed is None and not ch.runq_removed)
-            terms["loop"] = loop + (self.f_wait if keeps_wait else 0.0)
+            terms["loop"] = loop + (self.f_wait if keeps_wait else 0.0) + self.pin_serial(sc, keeps_wait)
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
             if self.pin_cores > 0 and not self.d_inloop:
                 # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
@@ -462,9 +485,10 @@ class StepModel:
              "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
              "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
              "worker_cores": round(self.worker_cores, 3), "pin_cores": round(self.pin_cores, 4),
+             "pin_gil": None if self.pin_gil is None else round(self.pin_gil, 4),
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
-             "interleaved_calls": self.interleaved_calls,
+             "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -579,6 +603,11 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
     m.churn_s = _churn_share(tt, m.f)
     m.interleaved_calls = interleaved_calls(tt)
+    m.rnn_share = rnn_share(tt)
+    pins = [t for t in spy.get("other_threads") or [] if "pin_memory" in (t.get("name") or "")
+            and t.get("gil_share") is not None]
+    if pins and (spy.get("gil") or {}).get("measured", True):
+        m.pin_gil = sum(float(t["gil_share"]) for t in pins)
     if tt.get("worker_startup_seconds", 0) > 0:
         m.recreated = True
     return m
@@ -686,6 +715,17 @@ def interleaved_calls(tt: dict[str, Any]) -> bool:
     step, not one forward a step with a periodic evaluation or sampling phase beside it."""
     n, sw = int(tt.get("module_call_samples") or 0), int(tt.get("module_site_switches") or 0)
     return sw >= INTERLEAVED_SWITCHES and sw >= INTERLEAVED_SHARE * n
+
+
+RNN_FORWARDS = ("LSTM.forward (rnn.py", "GRU.forward (rnn.py", "RNN.forward (rnn.py", "RNNBase.forward (rnn.py")
+RNN_SHARE = 0.02              # a recurrent module's forward at least this share of the step (not a stray sample)
+
+
+def rnn_share(tt: dict[str, Any]) -> float:
+    """The loop's share of samples inside a recurrent module's forward (torch.nn.modules.rnn), from
+    py-spy's top stacks of every category."""
+    return sum(x["fraction"] for stacks in (tt.get("top_stacks") or {}).values() for x in stacks
+               if any(fr.startswith(RNN_FORWARDS) for fr in x.get("stack") or []))
 
 
 def _churn_share(tt: dict[str, Any], f: float) -> float:

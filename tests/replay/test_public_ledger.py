@@ -81,11 +81,30 @@ def measured_rows():
     return ledger_rows(sorted(PUBLIC.glob("public-ledger-*.json")))
 
 
-@pytest.mark.xfail(reason="the targets (pred/meas within 0.8-1.25 in 90% of rows, median |log| <= 0.10, median "
-                          "ratio 0.95-1.05, intervals covering 90%) are not met on public code: a worker count "
-                          "raised from 2 to 12-15 on 16 CPUs measured 2.5x on a JPEG pipeline and 4.7x on FakeData, MNIST's "
-                          "loop slows at 6 workers by what the window cannot show, and compiling an eager GPT gains "
-                          "kernel fusion no host evidence predicts (docs/ledger.md)",
+def _public_predictions():
+    from trainprobe.agent.combiners import step_model
+    from scripts.ledger import _predict
+    out = []
+    for r in measured_rows():
+        est, (lo, hi), _ = _predict(r, step_model.calibration())
+        out.append((r["case"], est / r["measured"], lo <= r["measured"] <= hi))
+    return out
+
+
+def test_public_code_has_no_systematic_sign_and_its_intervals_cover_it():
+    """The two targets met on public code: the median pred/meas within 0.95-1.05 and the printed
+    interval holding the measured speedup in at least 90% of rows (19 of 19 on 2026-12-02)."""
+    rows = _public_predictions()
+    assert len(rows) >= 15
+    assert 0.95 <= statistics.median(x for _, x, _ in rows) <= 1.05, rows
+    assert sum(c for *_, c in rows) >= 0.9 * len(rows), [r for r in rows if not r[2]]
+
+
+@pytest.mark.xfail(reason="two of the targets (pred/meas within 0.8-1.25 in 90% of rows, median |log| <= 0.10) are "
+                          "not met on public code (12 of 19, 0.157 in-sample on 2026-12-02): a worker count raised "
+                          "from 2 to 12 on 16 CPUs measured 2.5x on timm's JPEG pipeline (4.13x printed), the VAE's "
+                          "and MNIST's loops slow at more workers by more than the pin-memory thread explains, and "
+                          "Fabric's MNIST loop sped up once its loading left it (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
