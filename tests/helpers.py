@@ -174,3 +174,15 @@ def interruptible() -> None:
     control starts background commands with SIGINT ignored, the ignore is inherited across exec, and
     Python then installs no KeyboardInterrupt handler: the child would never see the test's Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_probe(probe, pid, window_s=3.0, **options):
+    """One real window of `probe` over process `pid`, in this process: (capture, parsed evidence). The
+    probe must be able to run there (its check is asserted)."""
+    from trainprobe.probes.base import Capture, Recorder, WatchSpec   # noqa: PLC0415 - tests that need a probe
+    spec = WatchSpec(pid=pid, window_s=window_s, options=options)
+    assert probe.check(spec).ok
+    cap = Capture(probe.name, started_unix=time.time())
+    rec = Recorder(cap, threading.Event())
+    probe.capture(spec, rec, time.monotonic() + window_s)
+    return cap, type(probe).parse(cap)

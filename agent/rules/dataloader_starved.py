@@ -236,17 +236,15 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
     # d carries the middle hand-off factor where it was measured in the loop; scale it for the range.
     k = tuple(x / HANDOFF_K[1] for x in HANDOFF_K) if m["d_inloop"] else (1.0, 1.0, 1.0)
     pinned_now = _pinned_now(spy, lp, m["w_now"])
-    # A CUDA job that copies from pageable memory gets pin_memory=True with the fix: its loop sheds
-    # part of its own time too (A_PIN, fitted to the GPU ledger).
-    pin_fix = bool(m["uses_cuda"] and not pinned_now and not m["d_inloop"])
-    if force is not None:
-        pin_fix = pin_fix and bool(force.get("pin_memory"))
-    a = A_PIN if pin_fix else (1.0, 1.0, 1.0)
-    # What the fix sets (_settings_kwargs): a loop loading its own batches on CUDA gets pinned ones too;
-    # the step model decides what that is worth (for such a loop, only at the interval's optimistic end).
+    # A CUDA job that copies from pageable memory gets pin_memory=True with the fix (_settings_kwargs),
+    # a loop loading its own batches too; the step model decides what that is worth (for such a loop,
+    # only at the interval's optimistic end). Where batches come from workers the loop sheds part of
+    # its own time (A_PIN, fitted to the GPU ledger; the fallback without a step model).
     pin_set = bool(m["uses_cuda"] and not pinned_now)
     if force is not None:
         pin_set = pin_set and bool(force.get("pin_memory"))
+    pin_fix = pin_set and not m["d_inloop"]
+    a = A_PIN if pin_fix else (1.0, 1.0, 1.0)
     # f is a share of py-spy samples: C carries its sampling error (SAMPLE_Z standard errors).
     n_samples = max(1.0, float(lp.tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0))
     c_err = SAMPLE_Z * math.sqrt(max(lp.f * (1.0 - lp.f), 0.0) / n_samples)

@@ -10,11 +10,10 @@ import time
 import pytest
 
 from trainprobe.probes.parsers import procfs
-from trainprobe.probes.base import Capture, Recorder, WatchSpec
 from trainprobe.probes.sched import SchedProbe
 from trainprobe.probes.syscalls import SyscallsProbe
 from tests.bcc_helpers import make_tiny_files, needs_ebpf, our_programs, spawn_script, wait_no_programs
-from tests.helpers import PY, REPO, interruptible
+from tests.helpers import PY, REPO, interruptible, run_probe
 
 pytestmark = [pytest.mark.live, needs_ebpf]
 
@@ -63,15 +62,6 @@ while True:
         i += 1
     time.sleep(0.01)
 """
-
-
-def run_probe(probe, pid, window_s=3.0, **options):
-    spec = WatchSpec(pid=pid, window_s=window_s, options=options)
-    assert probe.check(spec).ok
-    cap = Capture(probe.name, started_unix=time.time())
-    rec = Recorder(cap, threading.Event())
-    probe.capture(spec, rec, time.monotonic() + window_s)
-    return cap, type(probe).parse(cap)
 
 
 def schedstat_wait(pid, tid):

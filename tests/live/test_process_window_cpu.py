@@ -3,10 +3,9 @@ exits before the window ends shows what it spent in the window (its last listing
 start), not its whole life's CPU (what the start snapshot alone holds) nor nothing."""
 import subprocess
 import sys
-import threading
 import time
 
-from trainprobe.probes.base import Capture, Recorder, WatchSpec
+from tests.helpers import run_probe
 from trainprobe.probes.process import ProcessProbe
 
 # A parent that keeps a child which burns CPU for a while before the window (its life's CPU), goes
@@ -28,10 +27,7 @@ def test_a_child_gone_inside_the_window_shows_its_window_cpu_not_its_life():
     p = subprocess.Popen([sys.executable, "-c", PARENT])
     try:
         time.sleep(1.2)      # the first child has burned about 1 s of CPU before the window
-        cap = Capture("process")
-        ProcessProbe().capture(WatchSpec(pid=p.pid, window_s=3.5), Recorder(cap, threading.Event()),
-                               time.monotonic() + 3.5)
-        ev = ProcessProbe.parse(cap)
+        _, ev = run_probe(ProcessProbe(), p.pid, 3.5)
     finally:
         p.kill()
         p.wait()

@@ -2,14 +2,12 @@
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, run_cli
-from trainprobe.probes.base import Capture, Recorder, WatchSpec
+from tests.helpers import DATA, run_cli, run_probe
 from trainprobe.probes.throttle import ThrottleProbe, find_cgroup, parse_cpu_stat, quota_cpus, throttling
 
 THR = DATA / "throttle"
@@ -65,11 +63,7 @@ def test_probe_sees_a_quota_throttle_a_spinner():
     try:
         if g is None:
             pytest.skip("no cgroup cpu controller to put a quota on")
-        assert ThrottleProbe().check(WatchSpec(pid=spin.pid, window_s=1)).ok
-        cap = Capture("throttle")
-        ThrottleProbe().capture(WatchSpec(pid=spin.pid, window_s=1.5), Recorder(cap, threading.Event()),
-                                time.monotonic() + 1.5)
-        ev = ThrottleProbe.parse(cap)
+        _, ev = run_probe(ThrottleProbe(), spin.pid, 1.5)      # its check is asserted
     finally:
         spin.kill()
         spin.wait()
