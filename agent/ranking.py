@@ -41,6 +41,8 @@ def headline(findings: list[dict[str, Any]], plan: dict[str, Any] | None = None)
     if not findings:
         return "No finding: the evidence gathered does not point at a host-side cause."
     if not gains:
+        if (findings[0].get("details") or {}).get("limit") == "loop":
+            return "No fix found for what holds this job back: " + findings[0]["title"]
         return "Nothing on the host holds this job back: " + findings[0]["title"]
     top = gains[0]
     iv = top.get("expected_speedup_interval") or [top["expected_speedup"]] * 2

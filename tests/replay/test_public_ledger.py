@@ -93,7 +93,7 @@ def _public_predictions():
 
 def test_public_code_has_no_systematic_sign_and_its_intervals_cover_it():
     """The two targets met on public code: the median pred/meas within 0.95-1.05 and the printed
-    interval holding the measured speedup in at least 90% of rows (19 of 19 on 2026-12-02)."""
+    interval holding the measured speedup in at least 90% of rows (22 of 22 on 2026-12-02)."""
     rows = _public_predictions()
     assert len(rows) >= 15
     assert 0.95 <= statistics.median(x for _, x, _ in rows) <= 1.05, rows
@@ -101,10 +101,11 @@ def test_public_code_has_no_systematic_sign_and_its_intervals_cover_it():
 
 
 @pytest.mark.xfail(reason="two of the targets (pred/meas within 0.8-1.25 in 90% of rows, median |log| <= 0.10) are "
-                          "not met on public code (12 of 19, 0.157 in-sample on 2026-12-02): a worker count raised "
-                          "from 2 to 12 on 16 CPUs measured 2.5x on timm's JPEG pipeline (4.13x printed), the VAE's "
-                          "and MNIST's loops slow at more workers by more than the pin-memory thread explains, and "
-                          "Fabric's MNIST loop sped up once its loading left it (docs/ledger.md)",
+                          "not met on public code (15 of 22, 0.150 in-sample on 2026-12-02): a worker count raised "
+                          "from 2 to 12 on 16 CPUs measured 2.5x on timm's JPEG pipeline (4.13x printed), the "
+                          "pin-memory thread's GIL share the VAE's and MNIST's estimates rest on is a handful of "
+                          "samples (the VAE: 3.57x and 2.77x printed in two windows), and Fabric's MNIST loop "
+                          "sped up once its loading left it (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would

@@ -7,7 +7,7 @@ from trainprobe.agent.combiners import step_model
 from trainprobe.agent.combiners.step_model import Change
 from trainprobe.agent.diagnosis import evidence_from
 
-from tests.helpers import DATA
+from tests.helpers import DATA, run_cli
 
 BUNDLES = DATA / "ledger" / "bundles"
 
@@ -280,3 +280,16 @@ def test_the_pin_memory_threads_gil_time_lands_on_the_loop_once_it_no_longer_wai
     assert step.interval[0] <= 2.31 and 2.68 <= step.interval[1]
     # a fix that leaves the wait as it is (a launch fix here) adds nothing of the sort
     assert m.pin_serial("mid", keeps_wait=True) == 0.0
+
+
+def test_a_launch_bound_lstm_is_not_called_compute_bound_on_the_gpu():
+    # The LSTM's re-run under the current rules: no fix printed (host.launch_bound silent), and the
+    # report says what holds the step and why CUDA graphs are not printed, not "compute-bound on the
+    # GPU" for a GPU busy 52% of the time.
+    r = run_cli("report", str(PUBLIC / "wlm-gpu-r2.tar.gz"), "--json")
+    rep = r.json()
+    top = rep["findings"][0]
+    assert top["id"] == "compute.bound" and top["details"]["limit"] == "loop"
+    assert "compute-bound on the GPU" not in top["title"] and "GPU busy 52%" in top["title"]
+    assert rep["headline"].startswith("No fix found for what holds this job back")
+    assert any("nn.LSTM" in n and "allow_rnn" in n for n in rep["notes"]), rep["notes"]
