@@ -95,14 +95,15 @@ def compute_bound(ev: Evidence) -> Finding | None:
         facts.append(Fact("process", "share of the window the training thread was blocked inside Python code "
                                      "(GIL wait estimate)", gw["g"]))
     facts += [Fact(probe, "not measured, so not excluded: " + u, None) for probe, u in unmeasured]
-    if busy is not None and not device_busy:
+    limit = "loop" if busy is not None and not device_busy else ("gpu" if busy is not None else "cpu")
+    if limit == "loop":
         # A GPU that idles while the loop runs its forward/backward/optimizer is not the limit: the
         # loop's own work on the host is, and no rule found a fix for it worth acting on.
         title = (f"The step is set by the training loop's own forward/backward/optimizer work "
                  f"({pct(compute)} of it; the GPU busy {pct(busy)}): no host-side fix found worth "
                  f"{WORTH_ACTING:.2f}x")
     else:
-        where = "the GPU" if busy is not None else "the CPU (no GPU in use)"
+        where = "the GPU" if limit == "gpu" else "the CPU (no GPU in use)"
         title = (f"The step is compute-bound on {where}: nothing on the host to fix "
                  f"({pct(busy if busy is not None else compute)} busy)")
     bound = ("1.0 by definition: no host-side stall above "
@@ -112,7 +113,6 @@ def compute_bound(ev: Evidence) -> Finding | None:
         conf = "medium"
     if gw is None and suspects(ev):
         conf = "low"
-    limit = "loop" if busy is not None and not device_busy else ("gpu" if busy is not None else "cpu")
     return Finding("compute.bound", title, 1.0, bound, conf, facts, [], risk="low", interval=(1.0, WORTH_ACTING),
                    details={"limit": limit})
 
