@@ -333,6 +333,11 @@ class StepModel:
 
     def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:
         i = SCENARIOS.index(sc)
+        if (ch.runq_removed and ch.gil_freed_cores > 0 and ch.intra_threads
+                and ch.intra_threads >= self.threads_busy - 1):
+            # A thread cap beside the GIL's removal that leaves as many threads as stay busy once the
+            # holder is gone (it was one of them) changes nothing: the holder's removal ends the crowd.
+            ch = replace(ch, runq_removed=False, intra_threads=None)
         err = self.share_err(self.f) * (-1, 0, 1)[i]
         c = max(self.c + err, 0.02)
         w = self.w_now if ch.workers is None else ch.workers
@@ -428,9 +433,15 @@ class StepModel:
             u = max(u + cap_du - ch.gil_freed_cores - (ch.gil_freed_extra if sc == "lo" else 0.0), 0.0)
             # Other processes off its CPUs: the job counts on all it may use.
             p = self.p_allowed if (ch.others_removed is not None and self.p_allowed) else self.p
+            if ch.gil_freed_cores > 0 and self.p_allowed and self.p < self.p_allowed and not self.shared():
+                # The loop queued for a CPU behind the job's own threads, the GIL's holder among them
+                # (nobody else took its CPUs): with the holder gone the job gets every CPU others
+                # leave it (pytorch/examples-style nanoGPT with a spinning logger thread: counting
+                # today's crowded share alone printed 1.57x for 2.03x measured).
+                p = self.p_allowed - (self.others or 0.0)
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
             # time-sharing them) is held to today's ratio, not counted slower than it is.
-            terms["cpu"] = (u / p) / max(1.0, self.u / p)
+            terms["cpu"] = (u / p) / max(1.0, self.u / self.p)
         if self.gpu_busy is not None:
             terms["gpu"] = self.gpu_busy * fuse
         over = False

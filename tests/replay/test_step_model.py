@@ -178,7 +178,21 @@ def test_a_gil_holder_removed_frees_the_team_s_spin_at_the_optimistic_end():
     b = bundle_mod.load(str(PUBLIC / "nanogpt-cpu-spin.tar.gz"))
     findings, _ = report_mod.diagnose(evidence_from(b.captures, b.context))
     f = next((x for x in findings if x.id == "gil.contention"), None)
-    assert f is not None and f.interval[0] <= 2.03 <= f.interval[1] and f.interval[1] > f.expected_speedup * 1.2
+    assert f is not None and f.interval[0] <= 2.03 <= f.interval[1] and f.interval[1] > f.expected_speedup * 1.1
+
+
+def test_the_gil_holder_that_crowded_the_cpus_gives_them_back_when_it_goes():
+    # The same job: the loop queued for a CPU 30% of the window behind the job's own threads (the
+    # spinner among them; others took 0.01 cores). Counting only the CPUs the loop got today (P = 1.39
+    # of 2) after the holder is gone printed 1.57x for 2.03x measured; and a cap to 2 intra-op threads,
+    # torch's own count on 2 CPUs, made a plan of 1.71x that changes nothing beyond the GIL's fix.
+    from trainprobe.agent import report as report_mod
+    ev = public_evidence("nanogpt-cpu-spin")
+    findings, _ = report_mod.diagnose(ev)
+    f = findings[0]
+    assert f.id == "gil.contention" and 0.8 <= f.expected_speedup / 2.03 <= 1.25, (f.id, f.expected_speedup)
+    assert f.details["step_model"]["after"]["binding"] != "cpu"
+    assert report_mod.plan(ev, findings) is None
 
 
 def test_more_workers_state_the_per_worker_rate_they_assume():
