@@ -66,6 +66,8 @@ def main() -> int:
     if bad:
         print(f"unknown cause(s) {bad}: choose from {', '.join(CAUSES)}", file=sys.stderr)
         return 2
+    if a.save:
+        Path(a.save).mkdir(parents=True, exist_ok=True)   # diagnose saves into it, it does not make it
     base = Path(tempfile.mkdtemp(prefix="trainprobe-stragglers-"))
     cluster = SlurmCluster(base / "slurm").start()
     results = []

@@ -292,7 +292,8 @@ def cpu_jobs() -> list[PublicJob]:
 
 
 def gpu_jobs() -> list[PublicJob]:
-    jpeg = PUBLIC / "data" / "jpeg"       # one ImageFolder for both timm jobs
+    jpeg = PUBLIC / "data" / "jpeg"       # one ImageFolder for both timm jobs: 15 batches an epoch
+    jpeg20k = PUBLIC / "data" / "jpeg20k"  # the same pipeline with an epoch of 156 batches
     timm_args = ["--data-dir", str(jpeg), "--train-split", "train", "--val-split", "val", "--epochs", "1000",
                  "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10", "--output", "/tmp/trainprobe-timm-out",
                  "--no-aug"]
@@ -301,6 +302,10 @@ def gpu_jobs() -> list[PublicJob]:
                   timm_args + ["--model", "resnet50", "-b", "128", "-j", "2", "--amp"],
                   "timm's train.py, resnet50, AMP, a JPEG ImageFolder, -j 2",
                   data=lambda w: make_jpeg_folder(jpeg), warmup=10.0),
+        PublicJob("timm-resnet50-j2-20k", "gpu", TIMM, "train.py",
+                  ["--data-dir", str(jpeg20k)] + timm_args[2:] + ["--model", "resnet50", "-b", "128", "-j", "2", "--amp"],
+                  "timm's train.py, resnet50, AMP, a JPEG ImageFolder of 20,000 images (156 batches an epoch), -j 2",
+                  data=lambda w: make_jpeg_folder(jpeg20k, per_class=2000), warmup=10.0),
         PublicJob("nanogpt-gpu-compiled-pipe", "gpu", NANO, "train.py", NANO_GPU + ["--compile=True"],
                   "nanoGPT train.py, 6-layer GPT, bf16, torch.compile, loss.item() every step (log_interval=1), "
                   "with an injected thread blocked in os.read of a pipe",
