@@ -784,9 +784,20 @@ def summarize(ratios: list[float], covered: int) -> dict[str, Any]:
             "in_interval": covered}
 
 
+def _job_error(train: list[dict[str, Any]], table: dict[str, dict[str, dict[float, float]]], name: str,
+               v: float) -> float:
+    """The fit's objective at `name` = v: the median over jobs of |log| of a job's geometric-mean
+    pred/meas (a job measured in several runs weighs as much as a job measured once)."""
+    logs: dict[str, list[float]] = {}
+    for x in train:
+        logs.setdefault(job_of(x["case"]), []).append(math.log(table[x["key"]][name][v] / x["measured"]))
+    return statistics.median(abs(sum(ls) / len(ls)) for ls in logs.values())
+
+
 def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
-    """Leave-one-job-out: for each job, every constant is fitted (median |log(pred/meas)| over the
-    grid) on the other jobs whose prediction it moves, then the job is predicted with those values.
+    """Leave-one-job-out: for each job, every constant is fitted (over the grid, the median over the
+    other jobs of |log| of each job's geometric-mean pred/meas: _job_error) on the other jobs whose
+    prediction it moves, then the job is predicted with those values.
     A constant that moves fewer than MIN_FIT_ROWS of the other jobs keeps its prior value for that
     fold (it is never fitted to one row). Returns per-row predictions, intervals and errors, and the
     summary: median |log|, median ratio, share within 0.8-1.25, interval coverage."""
@@ -816,8 +827,7 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
                 fitted[name] = {"value": getattr(base, name)[1], "fitted_on": [x["case"] for x in train],
                                 "prior": True}
                 continue
-            best = min(values, key=lambda v: (statistics.median(abs(math.log(table[x["key"]][name][v] / x["measured"]))
-                                                                for x in train), abs(v - getattr(base, name)[1])))
+            best = min(values, key=lambda v: (_job_error(train, table, name, v), abs(v - getattr(base, name)[1])))
             fitted[name] = {"value": best, "fitted_on": [x["case"] for x in train], "prior": False}
             lo, _, hi = getattr(cal, name)
             cal = replace(cal, **{name: (lo, best, hi)})

@@ -107,7 +107,7 @@ class Calibration:
                 waited, and the cap costs nothing). Small ops on a few CPUs scale far from perfectly
                 (a VAE on MNIST on 2 CPUs: its loop lost under 20% with 1 thread instead of 2)
     """
-    handoff_k: tuple[float, float, float] = (1.0, 1.5, 2.0)
+    handoff_k: tuple[float, float, float] = (1.0, 1.25, 2.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
     a_pin: tuple[float, float, float] = (0.6, 0.77, 1.0)
     churn_m: tuple[float, float, float] = (3.0, 2.3, 1.0)

@@ -135,6 +135,19 @@ def test_heldout_fit_predicts_the_left_out_jobs():
         assert r["interval"][0] <= r["measured"] <= r["interval"][1], r
 
 
+def test_the_fit_weighs_a_job_once_however_many_runs_it_has():
+    """Re-runs (`-rN`) are one job: left out together, and in the fit's objective a job's runs count
+    as their geometric mean, so a job measured three times does not outvote two jobs measured once."""
+    from scripts.ledger import _job_error, job_of
+    assert job_of("vae-gpu-r3") == job_of("vae-gpu") == "vae-gpu" and job_of("mnist-r2x") == "mnist-r2x"
+    rows = [{"case": c, "key": c, "measured": 1.0} for c in ("a", "a-r2", "a-r3", "b", "c")]
+    # at v = 1 job a fits exactly (three runs) and b and c are 2x off; at v = 2 it is the other way
+    table = {"a": {"k": {1: 1.0, 2: 2.0}}, "a-r2": {"k": {1: 1.0, 2: 2.0}}, "a-r3": {"k": {1: 1.0, 2: 2.0}},
+             "b": {"k": {1: 2.0, 2: 1.0}}, "c": {"k": {1: 2.0, 2: 1.0}}}
+    assert _job_error(rows, table, "k", 2) < _job_error(rows, table, "k", 1)
+    # per run, the three runs of a would have won: the median of 0, 0, 0, log 2, log 2 is 0
+
+
 def test_repetitions_are_sized_from_the_measured_spread():
     """The harness adds interleaved pairs until the ratio's 95% interval is within 5% of it: three
     tight pairs are enough, three spread ones (a shared 2-CPU machine under load) are not."""
