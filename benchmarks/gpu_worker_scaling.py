@@ -12,7 +12,10 @@ plus the node's CPU topology (logical CPUs, cores, SMT siblings), so a fall in p
 told apart: CPU per batch rising (shared cores, memory bandwidth), or the workers idle (the epoch's
 drain and refill when an epoch holds few batches per worker; the main process).
 
-    python benchmarks/gpu_worker_scaling.py --data DIR [--workers 2,6,12] [--seconds 8] [--json OUT]
+    python benchmarks/gpu_worker_scaling.py --data DIR [--workers 2,6,12] [--repeat 1,10] [--seconds 8] [--json OUT]
+
+(`first_batch_wait_s` is the median over the epochs after the second; null when the timed seconds hold
+fewer than three epochs.)
 
 Needs torch and timm (the fetched source on PYTHONPATH); uses CUDA for the prefetcher when present.
 """

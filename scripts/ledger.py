@@ -765,15 +765,20 @@ def job_of(case: str) -> str:
     return re.sub(r"-r\d+$", "", case)
 
 
+def _job_key(x: dict[str, Any]) -> tuple[str, str]:
+    """A row's job, within its ledger file: what the fold leaves out and the fit and summaries weigh once."""
+    return x["source"], job_of(x["case"])
+
+
 def per_job(out_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per job: a job measured in several runs counts once, its pred/meas the geometric mean
     of its runs' (so a job measured twice weighs no more than one measured once)."""
-    jobs: dict[str, list[dict[str, Any]]] = {}
+    jobs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for x in out_rows:
-        jobs.setdefault(f"{x['source']}:{job_of(x['case'])}:{x['finding']}", []).append(x)
-    return [{"job": k.split(":")[1], "source": k.split(":")[0], "runs": len(v),
+        jobs.setdefault((*_job_key(x), x["finding"]), []).append(x)
+    return [{"job": job, "source": source, "finding": finding, "runs": len(v),
              "ratio": round(math.exp(statistics.fmean(math.log(x["ratio"]) for x in v)), 3),
-             "in_interval": all(x["in_interval"] for x in v)} for k, v in jobs.items()]
+             "in_interval": all(x["in_interval"] for x in v)} for (source, job, finding), v in jobs.items()]
 
 
 def summarize(ratios: list[float], covered: int) -> dict[str, Any]:
@@ -788,9 +793,9 @@ def _job_error(train: list[dict[str, Any]], table: dict[str, dict[str, dict[floa
                v: float) -> float:
     """The fit's objective at `name` = v: the median over jobs of |log| of a job's geometric-mean
     pred/meas (a job measured in several runs weighs as much as a job measured once)."""
-    logs: dict[str, list[float]] = {}
+    logs: dict[tuple[str, str], list[float]] = {}
     for x in train:
-        logs.setdefault(job_of(x["case"]), []).append(math.log(table[x["key"]][name][v] / x["measured"]))
+        logs.setdefault(_job_key(x), []).append(math.log(table[x["key"]][name][v] / x["measured"]))
     return statistics.median(abs(sum(ls) / len(ls)) for ls in logs.values())
 
 
@@ -821,7 +826,7 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
         fitted: dict[str, Any] = {}
         cal = base
         for name, values in grid.items():
-            train = [x for x in rows if job_of(x["case"]) != job_of(r["case"])
+            train = [x for x in rows if _job_key(x) != _job_key(r)
                      and len({round(p, 3) for p in table[x["key"]][name].values()}) > 1]
             if len(train) < MIN_FIT_ROWS:
                 fitted[name] = {"value": getattr(base, name)[1], "fitted_on": [x["case"] for x in train],

@@ -140,7 +140,7 @@ def test_the_fit_weighs_a_job_once_however_many_runs_it_has():
     as their geometric mean, so a job measured three times does not outvote two jobs measured once."""
     from scripts.ledger import _job_error, job_of
     assert job_of("vae-gpu-r3") == job_of("vae-gpu") == "vae-gpu" and job_of("mnist-r2x") == "mnist-r2x"
-    rows = [{"case": c, "key": c, "measured": 1.0} for c in ("a", "a-r2", "a-r3", "b", "c")]
+    rows = [{"case": c, "key": c, "source": "x.json", "measured": 1.0} for c in ("a", "a-r2", "a-r3", "b", "c")]
     # at v = 1 job a fits exactly (three runs) and b and c are 2x off; at v = 2 it is the other way
     table = {"a": {"k": {1: 1.0, 2: 2.0}}, "a-r2": {"k": {1: 1.0, 2: 2.0}}, "a-r3": {"k": {1: 1.0, 2: 2.0}},
              "b": {"k": {1: 2.0, 2: 1.0}}, "c": {"k": {1: 2.0, 2: 1.0}}}
