@@ -12,7 +12,8 @@ scripts/straggler_cluster.py) serves every cause: rank 1 (node n2) carries one a
 For each: the cause is put on, `diagnose --slurm-job JOB --duration D --json` runs, then the job's
 steps/s are measured in alternating blocks with the cause on and removed (ABAB..., `--blocks`
 pairs of `--block-s` seconds each, so a change in the host's load falls on both sides); measured
-speedup = median(rate without) / median(rate with). Needs root, slurm-wlm and munge.
+speedup = the median over the blocks with the cause on of (the mean rate of the blocks without it on
+either side) / (its rate): a drift of the host's pace cancels (neighbour_ratio). Needs root, slurm-wlm and munge.
 
     .venv/bin/python benchmarks/bench_stragglers.py [--duration 8] [--blocks 3] [--block-s 3] [--json OUT]
 """
@@ -46,6 +47,19 @@ def measure(job: StragglerJob, cause: str, blocks: int, block_s: float) -> tuple
         off.append(job.steps_per_s(block_s))
     med_on, med_off = statistics.median(on), statistics.median(off)
     return med_on, med_off, on, off
+
+
+def neighbour_ratio(on: list[float], off: list[float]) -> float:
+    """The measured speedup from alternating blocks (on_0, off_0, on_1, off_1, ...): each block with the
+    cause on against the mean of the blocks without it on either side (off_{i-1}, off_i), so a drift of
+    the host's pace cancels to first order; the median over the blocks. (The ratio of the two medians
+    mixes blocks minutes apart: kept in the row as `ratio_of_medians`.)"""
+    rs = []
+    for i, x in enumerate(on):
+        nb = [off[j] for j in (i - 1, i) if 0 <= j < len(off)]
+        if x > 0 and nb:
+            rs.append(statistics.fmean(nb) / x)
+    return statistics.median(rs) if rs else float("nan")
 
 
 def main() -> int:
@@ -92,7 +106,7 @@ def main() -> int:
                 s = rep.get("stragglers") or []
                 pred = rep.get("job_expected_speedup")
                 with_, without, on, off = measure(job, cause, a.blocks, a.block_s)
-                meas = without / with_ if with_ > 0 else float("nan")
+                meas = neighbour_ratio(on, off)
                 by = {(x["node"], x["rank"]): x for x in rep["ranks"]}
                 row = {"cause_put_on": cause,
                        "straggler": [f"{x['node']} rank {x['rank']} PID {x['pid']}" for x in s],
@@ -107,6 +121,7 @@ def main() -> int:
                        "upper_speedup": s[0].get("job_speedup_upper") if s else None,
                        "steps_per_s_with": round(with_, 2),
                        "steps_per_s_removed": round(without, 2), "measured_speedup": round(meas, 3),
+                       "ratio_of_medians": round(without / with_, 3) if with_ > 0 else None,
                        "blocks_with": on, "blocks_removed": off,
                        # each adjacent pair's ratio: the spread of the measurement
                        "pair_ratio_range": [round(min(b / x for x, b in zip(on, off) if x > 0), 3),
