@@ -28,6 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from trainprobe.probes.parsers import procfs  # noqa: E402
+
 WARMUP = 20          # batches before timing
 
 
@@ -48,28 +53,11 @@ def topology() -> dict:
 
 
 def cpu_s(pids: list[int]) -> float:
-    tot = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for p in pids:
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            tot += (int(f[11]) + int(f[12])) / tick
-        except (OSError, IndexError):
-            pass
-    return tot
+    return sum(procfs.cpu_seconds("/", p) for p in pids)
 
 
 def children() -> list[int]:
-    me = str(os.getpid())
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if d.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1] == me:
-                    out.append(int(d.name))
-            except (OSError, IndexError):
-                pass
-    return out
+    return procfs.children_of(os.getpid())
 
 
 def run(data: Path, workers: int, seconds: float, repeat: int) -> dict:
