@@ -633,6 +633,7 @@ HELDOUT_GRID = {
     "switch_us": (10.0, 30.0, 50.0),
     "par_eff": (0.0, 0.15, 0.3, 0.5, 0.75, 1.0),
 }
+FIT_GAIN = 0.01              # a fitted value replaces the prior only where it lowers the objective this much
 MIN_FIT_ROWS = 2             # a constant is fitted only on at least this many rows that it moves
 
 
@@ -799,6 +800,17 @@ def _job_error(train: list[dict[str, Any]], table: dict[str, dict[str, dict[floa
     return statistics.median(abs(sum(ls) / len(ls)) for ls in logs.values())
 
 
+def _fit(train: list[dict[str, Any]], table: dict[str, dict[str, dict[float, float]]], name: str,
+         values: tuple[float, ...], prior: float) -> float:
+    """The value of `name` with the least _job_error on `train` (the nearest the prior among equals);
+    the prior itself unless that value lowers the objective by at least FIT_GAIN: a median over a few
+    jobs moves by a few hundredths between neighbouring values, which says nothing about the constant."""
+    best = min(values, key=lambda v: (_job_error(train, table, name, v), abs(v - prior)))
+    if _job_error(train, table, name, best) > _job_error(train, table, name, prior) - FIT_GAIN:
+        return prior
+    return best
+
+
 def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
     """Leave-one-job-out: for each job, every constant is fitted (over the grid, the median over the
     other jobs of |log| of each job's geometric-mean pred/meas: _job_error) on the other jobs whose
@@ -819,7 +831,8 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
         table[key] = {}
         for name, values in grid.items():
             lo, mid, hi = getattr(base, name)
-            table[key][name] = {v: _predict(r, replace(base, **{name: (lo, v, hi)}))[0] for v in values}
+            table[key][name] = {v: _predict(r, replace(base, **{name: (lo, v, hi)}))[0]
+                                for v in sorted({*values, mid})}
 
     out_rows = []
     for r in rows:
@@ -832,7 +845,7 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
                 fitted[name] = {"value": getattr(base, name)[1], "fitted_on": [x["case"] for x in train],
                                 "prior": True}
                 continue
-            best = min(values, key=lambda v: (_job_error(train, table, name, v), abs(v - getattr(base, name)[1])))
+            best = _fit(train, table, name, values, getattr(base, name)[1])
             fitted[name] = {"value": best, "fitted_on": [x["case"] for x in train], "prior": False}
             lo, _, hi = getattr(cal, name)
             cal = replace(cal, **{name: (lo, best, hi)})

@@ -237,6 +237,7 @@ class StepModel:
     worker_cores: float = 0.0          # cores the DataLoader workers used
     pin_cores: float = 0.0             # CPU-s per step of the pin-memory thread(s) (0: none seen)
     pin_gil: float | None = None       # share of the step the pin-memory thread holds the GIL (py-spy --gil)
+    wait_cpu: float = 0.0              # the loop's own threads on a CPU inside its waits for workers (below)
     others: float | None = None        # cores other processes took on the job's CPUs (measured), else None
     switch_rate: float = 0.0           # involuntary switches per second per held core of the busy team
     openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
@@ -269,6 +270,15 @@ class StepModel:
             return 0.0
         held = self.pin_cores if sc == "hi" else min(self.pin_gil or 0.0, self.pin_cores)
         return min(held, self.f_wait)
+
+    def handoff(self, sc: str) -> float:
+        """The loop's own work inside what py-spy saw as its wait for workers, which stays when the wait
+        goes: the CPU its serial threads (the training thread and the autograd device threads that run
+        its backward while it waits) used beyond the shares py-spy put outside the wait (wait_cpu,
+        from /proc: receiving each batch from the workers' queues, rebuilding its tensors, handing the
+        next indices out; and py-spy's sampling error of the wait, which /proc does not have). The
+        shortest step assumes it went with the wait."""
+        return 0.0 if sc == "lo" else min(self.wait_cpu, self.f_wait)
 
     def share_err(self, x: float) -> float:
         return SAMPLE_Z * math.sqrt(max(x * (1.0 - x), 0.0) / max(self.n_samples, 1.0))
@@ -416,7 +426,8 @@ class StepModel:
             # where it does, the data term below sets the step anyway.
             keeps_wait = (workers_same and not ch.persistent and not ch.pin_memory and ch.gil_step is None
                           and ch.others_removed is None and not ch.runq_removed)
-            terms["loop"] = loop + (self.f_wait if keeps_wait else 0.0) + self.pin_serial(sc, keeps_wait)
+            terms["loop"] = (loop + (self.f_wait if keeps_wait else self.handoff(sc))
+                             + self.pin_serial(sc, keeps_wait))
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
             if self.pin_cores > 0 and not self.d_inloop:
                 # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
@@ -497,6 +508,7 @@ class StepModel:
              "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
              "worker_cores": round(self.worker_cores, 3), "pin_cores": round(self.pin_cores, 4),
              "pin_gil": None if self.pin_gil is None else round(self.pin_gil, 4),
+             "wait_cpu": round(self.wait_cpu, 4),
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
@@ -681,6 +693,12 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     m.pin_cores = sum(float(t.get("cpu_fraction") or 0.0) for t in me.get("threads") or []
                       if (t.get("name") or "").startswith(PIN_MEMORY_THREAD) or "pin_memory" in (t.get("name") or ""))
     m.threads_busy = busy
+    if th is not None and m.f_wait > 0:
+        # The loop's serial threads (the training thread, and the autograd device threads that run its
+        # backward while it waits) on a CPU beyond the shares py-spy put outside its waits for workers.
+        serial = sum(float(t.get("cpu_fraction") or 0.0) for t in me.get("threads") or []
+                     if t["tid"] == me["pid"] or (t.get("name") or "").startswith(DEVICE_THREAD))
+        m.wait_cpu = max(0.0, serial - m.f_load - m.c)
     m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
     churn = proc.get("worker_churn", {}) or {}
     m.recreated = bool(churn.get("appeared") or churn.get("vanished"))

@@ -148,6 +148,19 @@ def test_the_fit_weighs_a_job_once_however_many_runs_it_has():
     # per run, the three runs of a would have won: the median of 0, 0, 0, log 2, log 2 is 0
 
 
+def test_a_fitted_value_replaces_the_prior_only_where_it_lowers_the_error_clearly():
+    """A median over a few jobs moves by a few hundredths between neighbouring values: the fold keeps
+    the prior unless another value lowers the objective by FIT_GAIN."""
+    import math
+
+    from scripts.ledger import FIT_GAIN, _fit
+    rows = [{"case": c, "key": c, "source": "x.json", "measured": 1.0} for c in ("a", "b", "c")]
+    near = math.exp(FIT_GAIN / 2)         # a value that lowers each job's |log| by half of FIT_GAIN
+    table = {c: {"k": {1: math.exp(0.2), 2: math.exp(0.2) / near, 3: 1.0}} for c in ("a", "b", "c")}
+    assert _fit(rows, table, "k", (1, 2), prior=1) == 1       # 0.005 better: the prior stays
+    assert _fit(rows, table, "k", (1, 2, 3), prior=1) == 3    # 0.2 better: fitted
+
+
 def test_repetitions_are_sized_from_the_measured_spread():
     """The harness adds interleaved pairs until the ratio's 95% interval is within 5% of it: three
     tight pairs are enough, three spread ones (a shared 2-CPU machine under load) are not."""

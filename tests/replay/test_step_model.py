@@ -290,10 +290,29 @@ def test_the_pin_memory_threads_gil_time_lands_on_the_loop_once_it_no_longer_wai
     m = public_model("mnist-gpu")
     assert m.pin_cores > 0.1 and m.pin_gil is not None and 0.0 < m.pin_gil <= m.pin_cores
     step = m.after(Change(workers=6))
-    assert abs(step.terms["loop"] - (m.c + m.pin_gil)) < 1e-6
+    assert abs(step.terms["loop"] - (m.c + m.handoff("mid") + m.pin_gil)) < 1e-6
     assert step.interval[0] <= 2.31 and 2.68 <= step.interval[1]
     # a fix that leaves the wait as it is (a launch fix here) adds nothing of the sort
     assert m.pin_serial("mid", keeps_wait=True) == 0.0
+
+
+def test_the_loops_work_inside_its_waits_for_workers_stays_when_the_waits_go():
+    # pytorch/examples' VAE and MNIST on the H200, 1 worker -> 6: py-spy put the loop 72-73% of the
+    # step in its wait for batches, yet /proc read the training thread and the autograd thread that
+    # runs its backward on a CPU 0.34 of the window where py-spy's other shares add up to 0.27-0.28:
+    # 0.06-0.08 of the step is the loop's own work inside the wait (receiving each batch, rebuilding
+    # its tensors, handing out the next indices). It stays once the waits go: without it the model
+    # printed 3.57x and 3.18x for 2.30x and 2.68x measured.
+    for case, measured in (("vae-gpu", 2.30), ("mnist-gpu", 2.68)):
+        m = public_model(case)
+        assert 0.04 <= m.wait_cpu <= 0.1, (case, m.wait_cpu)
+        step = m.after(Change(workers=6))
+        assert step.binding == "loop" and step.terms["loop"] >= m.c + m.wait_cpu - 1e-6
+        assert 0.8 <= step.speedup / measured <= 1.3, (case, step.speedup)
+        # the optimistic end lets it go with the wait
+        assert m.handoff("lo") == 0.0 and step.interval[1] > step.speedup
+    # timm's loop on the CPU less than its py-spy shares outside the wait: nothing added
+    assert public_model("timm-resnet50-j2").wait_cpu == 0.0
 
 
 def test_a_launch_bound_lstm_is_not_called_compute_bound_on_the_gpu():
