@@ -29,7 +29,9 @@ The step after a fix is the largest of what stays in place:
            plus f_load while the loop still loads batches itself, plus today's wait for workers f_wait
            when the fix leaves the data path as it is (the same workers, batches, pinning and
            re-creation: a wait the workers' pace does not explain, such as re-created workers'
-           start-up, stays; where the pace does explain it, the data term sets the step anyway),
+           start-up, stays; where the pace does explain it, the data term sets the step anyway);
+           a fix that ends the wait keeps the loop's own work inside it (wait_cpu: its serial
+           threads' CPU from /proc beyond py-spy's shares outside the wait, receiving each batch),
     data   k D / (W e(W)): W workers each at the per-worker rate e(W) of today's (e falls as W grows
            beside the P CPUs: memory bandwidth, decode, the CPUs shared with the loop, the pin-memory
            thread and the driver's threads; scale_a below, fitted held out; see docs/models.md),
