@@ -309,6 +309,8 @@ def test_the_loops_work_inside_its_waits_for_workers_stays_when_the_waits_go():
         step = m.after(Change(workers=6))
         assert step.binding == "loop" and step.terms["loop"] >= m.c + m.wait_cpu - 1e-6
         assert 0.8 <= step.speedup / measured <= 1.3, (case, step.speedup)
+        assert f"keeps the {100 * m.wait_cpu:.0f}% of the step its threads were on a CPU inside" in m.derivation(
+            "with 6 workers", step)
         # the optimistic end lets it go with the wait
         assert m.handoff("lo") == 0.0 and step.interval[1] > step.speedup
     # timm's loop on the CPU less than its py-spy shares outside the wait: nothing added
