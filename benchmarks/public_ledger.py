@@ -46,6 +46,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from scripts.ledger import HEALTHY_MAX, QUIET, Job  # noqa: E402
+from trainprobe.reports.values import WORTH_ACTING_X  # noqa: E402
 
 PY = sys.executable
 # The trainprobe that diagnoses: this checkout, or a frozen copy of it (TRAINPROBE_LEDGER_AGENT=DIR,
@@ -707,7 +708,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(within_band=sum(0.8 <= x <= 1.25 for x in ratios), median_abs_log=round(statistics.median(
             [abs(math.log(x)) for x in ratios]), 3), median_ratio=round(statistics.median(ratios), 3),
             in_interval=sum(bool(e.get("in_interval")) for _, e in ms),
-            fix_gains_105=sum(e["measured"] >= 1.05 for _, e in ms))
+            fix_gains_105=sum(e["measured"] >= 1.05 for _, e in ms),
+            # the jobs that have a fix: the top finding printed worth acting on (the report's limit)
+            fix_worth=sum(e["predicted"] >= WORTH_ACTING_X for _, e in ms),
+            fix_worth_gains_105=sum(e["predicted"] >= WORTH_ACTING_X and e["measured"] >= 1.05 for _, e in ms))
     nx = [e for r in rows for e in r.get("applied") or [] if e["variant"] == "next" and e.get("status") == "measured"]
     if nx:
         out["next"] = [{"finding": e["finding"], "predicted": e["predicted"], "measured": e["measured"]} for e in nx]
@@ -778,7 +782,8 @@ def render(leds: list[dict[str, Any]]) -> str:
                     f"{s['within_band']} of {s['measured']}; median |log(pred/meas)|: {s['median_abs_log']:.3f}; "
                     f"median pred/meas: {s['median_ratio']:.2f}; measured inside the printed interval: "
                     f"{s['in_interval']} of {s['measured']}; top fix measured >= 1.05x: {s['fix_gains_105']} of "
-                    f"{s['measured']}."]
+                    f"{s['measured']} ({s['fix_worth_gains_105']} of the {s['fix_worth']} printed worth acting on, "
+                    f">= {WORTH_ACTING_X:g}x)."]
         out += [f"gil.contention on a job whose background threads hold no GIL: "
                 f"{', '.join(s['gil_false_alarms']) or 'none'}. Jobs whose known finding did not come first: "
                 f"{', '.join(s['expected_missed']) or 'none'}.", ""]

@@ -899,6 +899,12 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
             out += [f"{title}: {t['rows']}; median |log(pred/meas)| {t['median_abs_log']}; median pred/meas "
                     f"{t['median_ratio']}; within 0.8-1.25x: {t['within_band']} of {t['rows']}; measured inside "
                     f"the interval: {t['in_interval']} of {t['rows']}.", ""]
+    from trainprobe.reports.values import WORTH_ACTING_X   # the report's limit: a fix below it is not printed as one
+    worth = [x for x in res["rows"] if x["predicted"] >= WORTH_ACTING_X]
+    out += [f"Worth acting on (held-out prediction >= {WORTH_ACTING_X:g}x, the report's limit): {len(worth)} of "
+            f"{s['rows']} measured fixes; measured >= 1.05x: {sum(x['measured'] >= 1.05 for x in worth)} of them"
+            + "".join(f"; {x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x" for x in worth
+                      if x["measured"] < 1.05) + ".", ""]
     for u in res.get("unreplayable") or []:
         out.append(f"Not replayable: {u['case']} ({u['source']}), {u['finding']} measured {u['measured']:.2f}x "
                    f"(printed {u['predicted']}x): {u['why']}.")

@@ -100,6 +100,19 @@ def test_public_code_has_no_systematic_sign_and_its_intervals_cover_it():
     assert sum(c for *_, c in rows) >= 0.9 * len(rows), [r for r in rows if not r[2]]
 
 
+def test_every_fix_printed_worth_acting_on_measured_a_gain():
+    """A fix the current rules print at or above the report's limit (1.1x) measured at least 1.05x on
+    public code: where they print less (MNIST on 2 CPUs, 1.01x for a fix that measured 0.79x), the
+    report says it is not worth acting on."""
+    from trainprobe.agent.combiners import step_model
+    from trainprobe.reports.values import WORTH_ACTING_X
+    from scripts.ledger import _predict
+    worth = [(r["case"], est, r["measured"]) for r in measured_rows()
+             for est in [_predict(r, step_model.calibration())[0]] if est >= WORTH_ACTING_X]
+    assert len(worth) >= 15, worth
+    assert all(m >= 1.05 for _, _, m in worth), [w for w in worth if w[2] < 1.05]
+
+
 @pytest.mark.xfail(reason="one of the targets (pred/meas within 0.8-1.25 in 90% of rows) is not met on public "
                           "code (23 of 29; median |log| 0.097, in-sample on 2026-12-03): timm's JPEG pipeline "
                           "on 15-batch epochs gains less from more workers than its steady step says (every epoch's "
