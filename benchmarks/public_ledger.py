@@ -71,7 +71,8 @@ REPOS = {
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
     "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt"]),
     "Lightning-AI/pytorch-lightning": ("7f0c3436cd3f6ad3753125672024fc415cbcb414",
-                                       ["examples/fabric/image_classifier", "examples/pytorch/domain_templates"]),
+                                       ["examples/fabric/image_classifier", "examples/pytorch/domain_templates",
+                                        "examples/pytorch/basics"]),
 }
 
 
@@ -116,6 +117,22 @@ def make_mnist(root: Path, n_train: int, n_test: int = 1000) -> None:
                      + rng.integers(0, 10, size=n, dtype=np.uint8).tobytes())
 
 
+def make_pl_mnist(root: Path, n_train: int = 60_000, n_test: int = 1000) -> None:
+    """lightning.pytorch.demos' MNIST reads ROOT/MNIST/complete/{training,test}.pt: (images uint8 N x 28 x 28,
+    labels), as torch.save writes them (MNIST/processed too, where older releases look)."""
+    import torch
+    done = root / "MNIST" / "complete" / "test.pt"
+    if done.exists():
+        return
+    g = torch.Generator().manual_seed(0)
+    for sub in ("complete", "processed"):
+        d = root / "MNIST" / sub
+        d.mkdir(parents=True, exist_ok=True)
+        for name, n in (("training.pt", n_train), ("test.pt", n_test)):
+            torch.save((torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g),
+                        torch.randint(0, 10, (n,), generator=g)), d / name)
+
+
 def make_words(root: Path, n_train: int = 600_000) -> None:
     """word_language_model reads ./data/wikitext-2/{train,valid,test}.txt."""
     import random
@@ -129,6 +146,19 @@ def make_words(root: Path, n_train: int = 600_000) -> None:
         words = [rnd.choice(vocab) for _ in range(n)]
         lines = [" ".join(words[i:i + 20]) for i in range(0, n, 20)]
         (d / f"{name}.txt").write_text("\n".join(lines) + "\n")
+
+
+def make_wikitext_file(path: Path, n_words: int = 3_000_000) -> None:
+    """lightning.pytorch.demos' WikiText2 reads one text file (DATA_DIR/wikitext-2.txt) and fetches it only
+    when it is missing."""
+    import random
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(0)
+    vocab = [f"w{i}" for i in range(10_000)]
+    words = [rnd.choice(vocab) for _ in range(n_words)]
+    path.write_text("\n".join(" ".join(words[i:i + 20]) for i in range(0, n_words, 20)) + "\n")
 
 
 def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:
@@ -231,6 +261,7 @@ EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-im
 MINGPT, PL = "karpathy/minGPT", "Lightning-AI/pytorch-lightning"
 FABRIC_MNIST = "examples/fabric/image_classifier"
 PL_GAN = "examples/pytorch/domain_templates"
+PL_BASICS = "examples/pytorch/basics"
 NANO_CPU = ["--device=cpu", "--dtype=float32", "--dataset=rand", "--eval_interval=100000", "--eval_iters=1",
             "--log_interval=1", "--n_layer=2", "--n_head=4", "--n_embd=128", "--block_size=64", "--batch_size=8",
             "--gradient_accumulation_steps=1", "--max_iters=10000000", "--lr_decay_iters=10000000"]
@@ -343,6 +374,17 @@ def gpu_jobs() -> list[PublicJob]:
                   "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta) on the GPU, no workers",
                   cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
                   flags={"item_every": _set("--log-interval")}, warmup=8.0),
+        PublicJob("lightning-backbone-gpu", "gpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
+                  ["--trainer.max_epochs=1000"],
+                  "Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
+                  "MNIST, batch 32, a DataLoader without workers, validation every epoch)",
+                  cwd=PL_BASICS, data=lambda w: make_pl_mnist(w / "examples" / "Datasets"), warmup=12.0,
+                  longest=60.0),
+        PublicJob("lightning-transformer-gpu", "gpu", PL, f"{PL_BASICS}/transformer.py", [],
+                  "Lightning's basics/transformer.py (L.Trainer, the demos' Transformer language model on "
+                  "WikiText2-shaped text, batch 20, a DataLoader without workers, gradient clipping)",
+                  cwd=PL_BASICS, data=lambda w: make_wikitext_file(w / PL_BASICS / "data" / "wikitext-2.txt"),
+                  warmup=12.0),
         PublicJob("mingpt-chargpt-gpu", "gpu", MINGPT, "projects/chargpt/chargpt.py", [],
                   "minGPT's chargpt (gpt-mini, character-level, block 128, batch 64) on the GPU: its Trainer's "
                   "DataLoader with 4 workers, pin_memory; 500 tokens sampled every 500 steps",
