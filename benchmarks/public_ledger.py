@@ -141,11 +141,15 @@ def make_words(root: Path, n_train: int = 600_000) -> None:
         return
     d.mkdir(parents=True, exist_ok=True)
     rnd = random.Random(0)
-    vocab = [f"w{i}" for i in range(10_000)]
     for name, n in (("train", n_train), ("valid", 4_000), ("test", 4_000)):
-        words = [rnd.choice(vocab) for _ in range(n)]
-        lines = [" ".join(words[i:i + 20]) for i in range(0, n, 20)]
-        (d / f"{name}.txt").write_text("\n".join(lines) + "\n")
+        (d / f"{name}.txt").write_text(_random_text(rnd, n))
+
+
+def _random_text(rnd: "random.Random", n_words: int) -> str:
+    """n_words drawn from a 10,000-word vocabulary, 20 to a line."""
+    vocab = [f"w{i}" for i in range(10_000)]
+    words = [rnd.choice(vocab) for _ in range(n_words)]
+    return "\n".join(" ".join(words[i:i + 20]) for i in range(0, n_words, 20)) + "\n"
 
 
 def make_wikitext_file(path: Path, n_words: int = 3_000_000) -> None:
@@ -155,10 +159,7 @@ def make_wikitext_file(path: Path, n_words: int = 3_000_000) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    rnd = random.Random(0)
-    vocab = [f"w{i}" for i in range(10_000)]
-    words = [rnd.choice(vocab) for _ in range(n_words)]
-    path.write_text("\n".join(" ".join(words[i:i + 20]) for i in range(0, n_words, 20)) + "\n")
+    path.write_text(_random_text(random.Random(0), n_words))
 
 
 def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:

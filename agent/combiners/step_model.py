@@ -496,14 +496,15 @@ class StepModel:
         if step.oversubscribed:
             return (f"{self.split_words()}; {what} puts more busy threads than the {self.p_allowed:.3g} CPUs: the "
                     "parallel regions wait for a thread that shares its CPU with a worker, so no gain is expected")
-        inside = []
-        if step.binding == "loop" and self.handoff("mid") >= 0.01:
-            inside.append(f"the {100 * self.handoff('mid'):.0f}% of the step its threads were on a CPU inside "
-                          "today's wait for workers (receiving batches)")
-        if step.binding == "loop" and self.pin_serial("mid", keeps_wait=False) >= 0.01:
-            inside.append(f"the pin-memory thread's {100 * self.pin_serial('mid', keeps_wait=False):.0f}% under "
-                          "the GIL")
-        inside = (", which keeps " + " and ".join(inside)) if inside else ""
+        kept = []
+        if step.binding == "loop":
+            handoff, pin = self.handoff("mid"), self.pin_serial("mid", keeps_wait=False)
+            if handoff >= 0.01:
+                kept.append(f"the {100 * handoff:.0f}% of the step its threads were on a CPU inside today's wait "
+                            "for workers (receiving batches)")
+            if pin >= 0.01:
+                kept.append(f"the pin-memory thread's {100 * pin:.0f}% under the GIL")
+        inside = (", which keeps " + " and ".join(kept)) if kept else ""
         return (f"{self.split_words()}; {what}: the step is set by {BINDING_WORDS.get(step.binding, step.binding)}"
                 f"{inside} ({step.mid:.2f} of today's): {step.speedup:.2f}x ({lo:.2f}-{hi:.2f}x over the fitted constants' "
                 "ranges and py-spy's sampling error); an estimate")
