@@ -35,13 +35,19 @@ def _parse() -> argparse.Namespace:
 def _idle_threads(n: int) -> None:
     """n threads blocked on one lock. `_thread` rather than `threading`: threading.Thread.start waits
     for each new thread to run once, which makes 10,000 of them take 15 s on a loaded 2-CPU machine;
-    these are started without that handshake, with a small stack (reserved, hardly touched)."""
+    these are started without that handshake, with a small stack (reserved, hardly touched). Each new
+    thread needs the GIL once to block on the lock; at the default 5 ms switch interval the creating
+    thread hands it over to every one of them in turn (6 s for 10,000 beside six busy processes on 2
+    CPUs, 2 s at a 100 ms interval, where the new threads take it in batches)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.1)
     threading.stack_size(64 * 1024)
     gate = _thread.allocate_lock()
     gate.acquire()
     for _ in range(n):
         _thread.start_new_thread(gate.acquire, ())
     threading.stack_size(0)
+    sys.setswitchinterval(interval)
     # Ready once every thread exists (the kernel lists it).
     while len(os.listdir("/proc/self/task")) < n + 1:
         time.sleep(0.01)

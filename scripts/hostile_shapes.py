@@ -51,7 +51,7 @@ class Job:
                 pass
 
 
-def start_job(*args: str, ready_timeout_s: float = 60.0) -> Job:
+def start_job(*args: str, ready_timeout_s: float = 120.0) -> Job:
     """Start the hostile job with ARGS and wait until its loop runs (its first PROGRESS line)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([PY, str(JOB), *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
