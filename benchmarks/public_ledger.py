@@ -66,6 +66,7 @@ GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "compile"}
 REPOS = {
     "pytorch/examples": ("77f55b912142e11fcfdf5b530231fb9c52f181e8",
                          ["mnist", "vae", "dcgan", "imagenet", "word_language_model", "siamese_network", "mnist_rnn",
+                          "super_resolution",
                           ":(exclude)word_language_model/data"]),
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
@@ -215,6 +216,29 @@ def make_jpeg_folder(root: Path, classes: int = 10, per_class: int = 200, size: 
     jobs += [(root / "val" / f"c{c:02d}", 100 + c, max(2, per_class // 10), size) for c in range(classes)]
     with Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
         pool.map(_jpegs, jobs)
+    (root / ".done").write_text("")
+
+
+def _flat_jpegs(args: tuple[Path, int, int, int, int]) -> None:
+    from PIL import Image
+    import numpy as np
+    d, seed, n, w, h = args
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        base = rng.integers(0, 256, size=(6, 9, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
+        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 12, size=(h, w, 3))
+        Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(d / f"{seed}{i:05d}.jpg", quality=90)
+
+
+def make_bsds(root: Path) -> None:
+    """BSDS300-shaped: ROOT/BSDS300/images/{train,test}/*.jpg, 200 and 100 photographs of 481x321 (the
+    data set's own counts and size), where super_resolution/data.py looks before it downloads."""
+    if (root / ".done").exists():
+        return
+    for sub, seed, n in (("train", 1, 200), ("test", 2, 100)):
+        _flat_jpegs((root / "BSDS300" / "images" / sub, seed, n, 481, 321))
     (root / ".done").write_text("")
 
 
@@ -410,6 +434,18 @@ def gpu_jobs() -> list[PublicJob]:
                   "DataLoader; the script's AdamW option)",
                   cwd="word_language_model", data=lambda w: make_words(w / "word_language_model"),
                   env={"TRAINPROBE_LEDGER_COUNT": "backward"}, warmup=6.0),
+        PublicJob("wlm-transformer-gpu", "gpu", EX, "word_language_model/main.py",
+                  ["--epochs", "1000", "--accel", "--use-optimizer", "--lr", "0.001", "--model", "Transformer"],
+                  "pytorch/examples word-level language model, its Transformer (nn.TransformerEncoder with a "
+                  "causal mask) on the GPU (its own batching, no DataLoader; the script's AdamW option)",
+                  cwd="word_language_model", data=lambda w: make_words(w / "word_language_model"),
+                  env={"TRAINPROBE_LEDGER_COUNT": "backward"}, warmup=6.0),
+        PublicJob("superres-gpu", "gpu", EX, "super_resolution/main.py",
+                  ["--upscale_factor", "3", "--nEpochs", "100000", "--accel"],
+                  "pytorch/examples super-resolution (ESPCN) on BSDS300-shaped JPEGs on the GPU: 4 workers, "
+                  "re-created every epoch of 4 steps, a test pass and a checkpoint after each",
+                  cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
+                  warmup=10.0, longest=60.0),
     ]
 
 

@@ -533,6 +533,23 @@ def _fractions(seconds: dict[str, float], total: float, cats: tuple[str, ...]) -
 MODULE_SITES = 8
 
 
+def _loaders(by_loader: dict[tuple[str, str], dict[str, Any]], trains: set[tuple[str, str]],
+             total: float) -> list[dict[str, Any]]:
+    """The DataLoaders the thread waited on or loaded from, by the frame iterating each, with their
+    shares of the thread's time; `trains`: that frame's function also runs backward or the optimizer
+    (the training loop's loader, not an evaluation pass's). None when no loader's function was seen
+    training (a framework's fetcher serves every loop: no split is claimed)."""
+    if not total:
+        return []
+    rows = []
+    any_trains = any(k in trains for k in by_loader)
+    for key, v in sorted(by_loader.items(), key=lambda kv: -(kv[1]["data_wait"] + kv[1]["data_load"])):
+        rows.append({"site": v["label"], "data_wait": round(v["data_wait"] / total, 4),
+                     "data_load": round(v["data_load"] / total, 4), "startup_seconds": round(v["startup"], 4),
+                     "trains": (key in trains) if any_trains else None})
+    return rows[:MODULE_SITES]
+
+
 def _module_sites(by_site: dict[str, float], total: float) -> list[dict[str, Any]]:
     """Where the loop calls its modules from (the caller of the outermost nn.Module call, forward
     time only), hottest first: share of the thread's time under each call site."""
@@ -682,6 +699,9 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     by_kind: dict[str, float] = defaultdict(float)
     by_stack: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     by_site: dict[str, float] = defaultdict(float)
+    by_break: dict[str, float] = defaultdict(float)
+    by_loader: dict[tuple[str, str], dict[str, Any]] = {}
+    trains: set[tuple[str, str]] = set()     # frames of the samples in backward or the optimizer
     last_site, site_runs, site_switches = None, 0, 0
     timeline: list[list[Any]] = []
     worker_startup = 0.0
@@ -690,6 +710,20 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         by_cat[cat] += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
         by_stack[cat][sp.stack] += sp.seconds
+        if cat in ("data_wait", "data_load"):
+            site = pystacks.loader_site(sp.stack)
+            if site is not None:
+                key = (site.name, site.filename)
+                by_loader.setdefault(key, {"label": site.label(), "data_wait": 0.0, "data_load": 0.0,
+                                           "startup": 0.0})
+                by_loader[key][cat] += sp.seconds
+                if any(f.name.endswith("_MultiProcessingDataLoaderIter.__init__") for f in sp.stack):
+                    by_loader[key]["startup"] += sp.seconds
+        elif cat in ("backward", "optimizer"):
+            trains.update((f.name, f.filename) for f in sp.stack)
+        brk = pystacks.graph_break_module(sp.stack)
+        if brk is not None:
+            by_break[brk] += sp.seconds
         if cat == "forward":
             site = pystacks.module_call_site(sp.stack)
             if site is not None:
@@ -717,6 +751,9 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         # them: a step that calls its modules from several places alternates them all the time (a
         # GAN), a periodic evaluation or sampling phase changes site twice
         "module_call_samples": site_runs, "module_site_switches": site_switches,
+        # the thread's share inside torch modules dynamo graph-breaks in by default (by kind)
+        "graph_break_modules": {k: round(v / total, 4) for k, v in sorted(by_break.items())} if total else {},
+        "loaders": _loaders(by_loader, trains, total),
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
     }

@@ -120,6 +120,14 @@ class ModuleSite(TypedDict):
     fraction: float                         # share of the thread's time under that call
 
 
+class LoaderSite(TypedDict):
+    site: str                               # "function (file:line)" of the frame iterating the loader
+    data_wait: float                        # share of the thread's time waiting on it for workers
+    data_load: float                        # ... loading batches from it in the thread itself
+    startup_seconds: float                  # seconds starting its workers
+    trains: Optional[bool]                  # that function also runs backward/optimizer; None: unknown
+
+
 class TrainingThread(TypedDict):
     pid: int
     tid: Optional[int]
@@ -133,6 +141,8 @@ class TrainingThread(TypedDict):
     module_call_sites: List[ModuleSite]     # the callers of the outermost nn.Module calls (forward time)
     module_call_samples: int                # spans under a module call (py-spy's samples, merged while the stack holds)
     module_site_switches: int               # ... whose calling site differs from the previous one's
+    graph_break_modules: Dict[str, float]   # share inside torch modules dynamo graph-breaks in ("rnn", "transformer")
+    loaders: List[LoaderSite]               # the DataLoaders it waited on, by the frame iterating each
     data_transitions: int
     observed_from: float
     observed_to: float

@@ -245,6 +245,9 @@ class StepModel:
     openmp: str | None = None          # the OpenMP runtime mapped by the job (libgomp, libiomp)
     interleaved_calls: bool = False    # the loop calls its modules from several places, alternating, every step
     rnn_share: float = 0.0             # the loop's share in nn.LSTM / GRU / RNN forwards (graph breaks)
+    transformer_share: float = 0.0     # ... in nn.TransformerEncoder / Decoder forwards (their mask check breaks)
+    f_eval: float = 0.0                # the loop waited on or loaded from loaders that do not train (an
+                                       # evaluation pass's): a data fix to the training loader leaves it
 
     @property
     def f(self) -> float:
@@ -252,15 +255,28 @@ class StepModel:
 
     @property
     def c(self) -> float:
-        return max(1.0 - self.f, 0.02)
+        return max(1.0 - self.f - self.f_eval, 0.02)
 
     @property
     def split_graphs(self) -> bool:
         """Compiling the step would give several graphs with eager code between them: modules called
-        from several places in turn, or a recurrent module (nn.LSTM, GRU, RNN), which dynamo does not
+        from several places in turn; a recurrent module (nn.LSTM, GRU, RNN), which dynamo does not
         trace unless told to (torch._dynamo.config.allow_rnn is False by default): it graph-breaks
-        around it and the recurrence runs eagerly."""
-        return self.interleaved_calls or self.rnn_share >= RNN_SHARE
+        around it and the recurrence runs eagerly; or torch's nn.TransformerEncoder / Decoder, whose
+        check of a mask given without an is_causal hint (_detect_is_causal_mask) is a data-dependent
+        bool: a graph break inside every call (Lightning's demo Transformer on the H200: compiled in
+        place it measured 0.92x with mode="reduce-overhead" and 0.94x with the default mode,
+        benchmarks/gpu_compile_check.py)."""
+        return self.interleaved_calls or self.graph_break_kind is not None
+
+    @property
+    def graph_break_kind(self) -> str | None:
+        """Which torch module breaks the graph ("rnn", "transformer"), None when none was seen."""
+        if self.rnn_share >= RNN_SHARE:
+            return "rnn"
+        if self.transformer_share >= RNN_SHARE:
+            return "transformer"
+        return None
 
     def pin_serial(self, sc: str, keeps_wait: bool) -> float:
         """The pin-memory thread's time under the GIL that lands on the loop once it no longer waits:
@@ -455,6 +471,11 @@ class StepModel:
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
             # time-sharing them) is held to today's ratio, not counted slower than it is.
             terms["cpu"] = (u / p) / max(1.0, self.u / self.p)
+        if self.f_eval > 0:
+            # An evaluation pass's loader: its wait is not the training loader's and stays.
+            for t in ("loading", "loop"):
+                if t in terms:
+                    terms[t] += self.f_eval
         if self.gpu_busy is not None:
             terms["gpu"] = self.gpu_busy * fuse
         over = False
@@ -479,6 +500,7 @@ class StepModel:
     def split(self) -> dict[str, float]:
         """Today's step in shares: what the probes measured."""
         parts = {"loading in the loop": self.f_load, "waiting for workers": self.f_wait,
+                 "waiting on an evaluation pass's DataLoader (a fix to the training loader leaves it)": self.f_eval,
                  "host-device syncs": self.s_sync, "GPU idle while the loop issues kernels": self.x_launch,
                  "GPU idle while the loop copies batches": self.x_h2d}
         rest = max(0.0, 1.0 - sum(parts.values()))
@@ -523,6 +545,7 @@ class StepModel:
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
+             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -632,14 +655,17 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     bd = tt.get("breakdown") or {}
     spy = ev.get("pyspy") or {}
     workers = worst.get("workers") or {}
-    m = StepModel(f_wait=float(bd.get("data_wait", 0.0)), f_load=float(bd.get("data_load", 0.0)),
+    ev_wait, ev_load, ev_start = eval_loaders(tt)
+    m = StepModel(f_wait=max(float(bd.get("data_wait", 0.0)) - ev_wait, 0.0),
+                  f_load=max(float(bd.get("data_load", 0.0)) - ev_load, 0.0), f_eval=ev_wait + ev_load,
                   w_now=int(workers.get("count") or 0), pid=worst.get("pid"), ranks=len(ranks),
                   n_samples=max(1.0, float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0)))
     _gpu_terms(ev, m)
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
-    m.churn_s = _churn_share(tt, m.f)
+    m.churn_s = _churn_share(tt, m.f, ev_start)
     m.interleaved_calls = interleaved_calls(tt)
     m.rnn_share = rnn_share(tt)
+    m.transformer_share = float((tt.get("graph_break_modules") or {}).get("transformer", 0.0))
     pins = [t for t in spy.get("other_threads") or [] if "pin_memory" in (t.get("name") or "")
             and t.get("gil_share") is not None]
     if pins and (spy.get("gil") or {}).get("measured", True):
@@ -764,17 +790,31 @@ RNN_SHARE = 0.02              # a recurrent module's forward at least this share
 
 
 def rnn_share(tt: dict[str, Any]) -> float:
-    """The loop's share of samples inside a recurrent module's forward (torch.nn.modules.rnn), from
-    py-spy's top stacks of every category."""
+    """The loop's share of samples inside a recurrent module's forward (torch.nn.modules.rnn): the
+    py-spy probe's count over every sample, else (evidence without it) py-spy's top stacks."""
+    gb = tt.get("graph_break_modules")
+    if gb is not None:
+        return float(gb.get("rnn", 0.0))
     return sum(x["fraction"] for stacks in (tt.get("top_stacks") or {}).values() for x in stacks
                if any(fr.startswith(RNN_FORWARDS) for fr in x.get("stack") or []))
 
 
-def _churn_share(tt: dict[str, Any], f: float) -> float:
+def eval_loaders(tt: dict[str, Any]) -> tuple[float, float, float]:
+    """(wait, load, start-up seconds) of the loop at DataLoaders that do not train: iterated from a
+    function that never runs backward or the optimizer (an evaluation pass), where another loader's
+    function does (py-spy's `loaders`); zeros when no such split was seen."""
+    rows = [r for r in tt.get("loaders") or [] if r.get("trains") is False]
+    return (sum(float(r["data_wait"]) for r in rows), sum(float(r["data_load"]) for r in rows),
+            sum(float(r.get("startup_seconds") or 0.0) for r in rows))
+
+
+def _churn_share(tt: dict[str, Any], f: float, eval_start: float = 0.0) -> float:
     """The loop's share starting (`_MultiProcessingDataLoaderIter.__init__`) and joining
-    (`_shutdown_workers`) workers, from py-spy's data-wait stacks."""
+    (`_shutdown_workers`) the training loader's workers, from py-spy's data-wait stacks (an
+    evaluation loader's start-up, EVAL_START seconds, is not)."""
     top = (tt.get("top_stacks") or {}).get("data_wait") or []
-    s_start = min(float(tt.get("worker_startup_seconds") or 0.0) / max(float(tt.get("seconds") or 0.0), 1e-6), f)
+    start = max(float(tt.get("worker_startup_seconds") or 0.0) - eval_start, 0.0)
+    s_start = min(start / max(float(tt.get("seconds") or 0.0), 1e-6), f)
     s_stop = min(sum(x["fraction"] for x in top if any("_shutdown_workers" in fr for fr in x["stack"])),
                  max(f - s_start, 0.0))
     return s_start + s_stop

@@ -53,11 +53,27 @@ class Loop:
     tt: dict[str, Any] = field(init=False)
     f_wait: float = field(init=False)
     f_load: float = field(init=False)
+    f_eval: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.tt = self.worst["training_thread"]
         bd = self.tt["breakdown"]
-        self.f_wait, self.f_load = bd.get("data_wait", 0.0), bd.get("data_load", 0.0)
+        # An evaluation pass's loader (iterated where nothing trains) is not the one a fix changes.
+        ev_wait, ev_load, _start = step_model.eval_loaders(self.tt)
+        self.f_wait = max(bd.get("data_wait", 0.0) - ev_wait, 0.0)
+        self.f_load = max(bd.get("data_load", 0.0) - ev_load, 0.0)
+        self.f_eval = ev_wait + ev_load
+
+    @property
+    def train_site(self) -> str | None:
+        """The frame iterating the training loader, where an evaluation loader was told apart."""
+        if self.f_eval <= 0:
+            return None
+        return next((r["site"] for r in self.tt.get("loaders") or [] if r.get("trains")), None)
+
+    @property
+    def eval_sites(self) -> list[dict[str, Any]]:
+        return [r for r in self.tt.get("loaders") or [] if r.get("trains") is False]
 
     @property
     def multi(self) -> bool:
@@ -142,6 +158,11 @@ def _loop_facts(ev: Evidence, lp: Loop) -> list[Fact]:
     else:
         facts.append(Fact("pyspy", "training thread blocked in _MultiProcessingDataLoaderIter waiting for workers",
                           round(lp.f_wait, 3)))
+    for r in lp.eval_sites:
+        facts.append(Fact("pyspy", f"share waiting on the DataLoader iterated at {r['site']}, where nothing "
+                          "trains (an evaluation pass; the fix is for the training loader"
+                          + (f" at {lp.train_site}" if lp.train_site else "") + ")",
+                          round(r["data_wait"] + r["data_load"], 3)))
     if lp.workers.get("count") and lp.worker_top:
         facts.append(Fact("pyspy", "hottest worker stack: " + " > ".join(lp.worker_top[0]["stack"][-3:]),
                           lp.worker_top[0]["fraction"]))
@@ -205,7 +226,8 @@ def _settings_fixes(m: dict[str, Any], kwargs: dict[str, Any], w_prop: int, more
     what = (f"Load batches in {w_prop} worker process{'es' if w_prop != 1 else ''}" if more
             else ("Keep the DataLoader workers alive across epochs" if recreated
                   else "Let each worker prefetch more batches"))
-    fixes = [Fix(what + (" into pinned memory" if kwargs.get("pin_memory") else ""),
+    pinned = (" and load into pinned memory" if recreated and not more else " into pinned memory")
+    fixes = [Fix(what + (pinned if kwargs.get("pin_memory") else ""),
                  change="DataLoader(..., " + ", ".join(args) + ")", knobs=dict(kwargs))]
     if m["uses_cuda"]:
         fixes.append(Fix("Copy batches without blocking the loop",
@@ -381,6 +403,8 @@ def _widen(plan: Plan, recreated: bool) -> None:
 def _title(lp: Loop, w_now: int) -> str:
     title = (f"The training loop loads its own batches {pct(lp.f)} of the time (num_workers=0)"
              if lp.inloop and not w_now else f"The training loop waits on the DataLoader {pct(lp.f)} of the time")
+    if lp.f_eval >= 0.05:
+        title += f" (and {pct(lp.f_eval)} on an evaluation pass's loader)"
     if lp.multi:
         title = (f"Rank PID {lp.worst['pid']} is the straggler: " + title[0].lower() + title[1:]
                  + f"; the other {len(lp.ranks) - 1} rank(s) wait for it in collectives")
@@ -439,6 +463,10 @@ def _finding(ev: Evidence, force: dict[str, Any] | None = None) -> Finding | Non
     conf = "high" if (m["known_p"] and lp.f >= 0.3 and plan.settings_help) else "medium"
     if lp.multi:
         plan.bound += "; ranks step in lockstep, so the job's step is the straggler's"
+    if lp.train_site:
+        for fx in plan.fixes:
+            if fx.change and fx.change.startswith("DataLoader("):
+                fx.change += f"  # the training loader, iterated at {lp.train_site}"
     return Finding("dataloader.starved", _title(lp, m["w_now"]), max(plan.speedup, 1.0), plan.bound, conf, facts,
                    plan.fixes, risk="low", interval=plan.interval,
                    details=_details(lp, m, plan, recreated))

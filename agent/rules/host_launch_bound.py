@@ -18,7 +18,10 @@ a detached fake and the fake again) keeps none of e at the middle estimate (the 
 compile_multi: two GANs on the public ledger measured 1.00x and 0.97x), so the rule is silent there;
 so is a step whose forward runs a recurrent module (nn.LSTM, GRU, RNN): dynamo graph-breaks around it
 by default (torch._dynamo.config.allow_rnn), the recurrence stays eager between the graphs, and
-compiling pytorch/examples' word-level LSTM language model measured 0.87x where capture alone said 1.86x.
+compiling pytorch/examples' word-level LSTM language model measured 0.87x where capture alone said 1.86x;
+and so is one whose forward runs torch's nn.TransformerEncoder / TransformerDecoder: given a mask without
+an is_causal hint, they check whether it is causal with a data-dependent bool, a graph break inside
+each call (Lightning's demo Transformer compiled in place measured 0.92x, where capture alone said 1.93x).
 """
 from __future__ import annotations
 
@@ -69,6 +72,17 @@ def _fixes(compiled: bool) -> list[Fix]:
                 change="torch.optim.AdamW(model.parameters(), ..., fused=True)  # or foreach=True")]
 
 
+def _split_reason(kind: str | None) -> str:
+    if kind == "rnn":
+        return ("runs a recurrent module (nn.LSTM, GRU, RNN), which torch.compile graph-breaks around by default "
+                "(torch._dynamo.config.allow_rnn)")
+    if kind == "transformer":
+        return ("runs torch's nn.TransformerEncoder / TransformerDecoder, whose check of a mask passed without an "
+                "is_causal hint is a data-dependent bool: torch.compile breaks the graph inside every call (passing "
+                "is_causal=True, or tgt_is_causal=True, with a causal mask removes that check)")
+    return "calls its modules from several places in turn, each call a graph of its own"
+
+
 @rule("host.launch_bound", requires=("gpu", "pyspy"),
       description="the GPU idles while the host runs the step's Python: kernels are launched slower than they run")
 def launch_bound(ev: Evidence) -> Finding | None:
@@ -91,10 +105,9 @@ def launch_bound(ev: Evidence) -> Finding | None:
         if sm.split_graphs and not comp["compiled"]:
             ev.note(f"The GPU idles {pct(x)} of the time while the host issues its kernels, but CUDA graphs "
                     "(torch.compile mode=\"reduce-overhead\") are not printed: the step "
-                    + ("runs a recurrent module (nn.LSTM, GRU, RNN), which torch.compile graph-breaks around "
-                       "by default (torch._dynamo.config.allow_rnn)" if sm.rnn_share >= step_model.RNN_SHARE
-                       else "calls its modules from several places in turn, each call a graph of its own")
-                    + "; measured on public code: 0.87x (an LSTM language model), 1.00x and 0.97x (two GANs).")
+                    + _split_reason(sm.graph_break_kind)
+                    + "; measured on public code: 0.87x (an LSTM language model), 0.92x (Lightning's nn.Transformer "
+                    "language model), 1.00x and 0.97x (two GANs).")
         return None        # another constraint (the workers' pace, the GPU) sets the step after the fix
     e_lo, e_mid, e_hi = COMPILE_CAPTURE
     fuse_lo = step_model.calibration().compile_fusion[0]

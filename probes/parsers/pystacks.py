@@ -204,17 +204,46 @@ def classify_training(stack: tuple[Frame, ...], source: Mapping[str, str]) -> st
         if is_torch(f.filename) and (f.name in ("backward", "_engine_run_backward", "Tensor.backward")
                                      or "/torch/autograd/" in f.filename):
             return "backward"
-    for f in stack:
+    # The innermost of the two wins: a loop that runs its forward inside optimizer.step(closure)
+    # (Lightning's automatic optimization, LBFGS) is in the forward there, not in the optimizer.
+    for f in reversed(stack):
         if "/torch/optim/" in f.filename or f.name.endswith(".zero_grad") or f.name.endswith("Optimizer.step"):
             return "optimizer"
-    for f in stack:
-        if f.name in ("Module._call_impl", "Module._wrapped_call_impl", "Module.__call__") or \
-                (f.name.endswith(".forward") and not is_library(f.filename)):
+        if f.name in MODULE_CALL or (f.name.endswith(".forward") and not is_library(f.filename)):
             return "forward"
     return "other"
 
 
 MODULE_CALL = ("Module._wrapped_call_impl", "Module._call_impl", "Module.__call__")
+
+# torch modules whose forward dynamo graph-breaks in by default, so torch.compile of a model that
+# runs them gives several graphs with eager code between them: recurrent modules (not traced unless
+# torch._dynamo.config.allow_rnn), and nn.TransformerEncoder / TransformerDecoder, whose causal-mask
+# check (_detect_is_causal_mask: a data-dependent bool over the mask, when a mask comes without an
+# is_causal hint) breaks the graph.
+GRAPH_BREAK_MODULES = (
+    ("rnn", "torch/nn/modules/rnn.py", ("LSTM.forward", "GRU.forward", "RNN.forward", "RNNBase.forward")),
+    ("transformer", "torch/nn/modules/transformer.py",
+     ("TransformerEncoder.forward", "TransformerDecoder.forward", "_detect_is_causal_mask")),
+)
+
+
+def loader_site(stack: tuple[Frame, ...]) -> Frame | None:
+    """The frame that iterates the DataLoader a data sample waits on or loads from (the caller of
+    the first torch.utils.data frame): `train (main.py:49)` and `test (main.py:66)` are two loaders."""
+    for i, f in enumerate(stack):
+        if "torch/utils/data/" in f.filename:
+            return stack[i - 1] if i > 0 else None
+    return None
+
+
+def graph_break_module(stack: tuple[Frame, ...]) -> str | None:
+    """The kind of GRAPH_BREAK_MODULES a sample is inside ("rnn", "transformer"), or None."""
+    for f in stack:
+        for kind, path, names in GRAPH_BREAK_MODULES:
+            if f.name in names and f.filename.endswith(path):
+                return kind
+    return None
 
 
 def module_call_site(stack: tuple[Frame, ...]) -> str | None:
