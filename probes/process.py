@@ -42,6 +42,9 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
             ps: dict[str, Any] = {
                 "ppid": proc.ppid(), "comm": proc.name(), "state": procfs.state_letter(proc.status()),
                 "num_threads": proc.num_threads(), "user_s": times.user, "system_s": times.system,
+                # CPU of its children that exited and were reaped (the kernel's cutime + cstime):
+                # DataLoader workers re-created every epoch live between the probe's readings
+                "children_s": times.children_user + times.children_system,
                 "cpus_allowed": procfs.format_cpulist(proc.cpu_affinity()),
                 "rss_bytes": proc.memory_info().rss,
             }
@@ -356,6 +359,13 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         })
 
     main = next(pr for pr in processes if pr["pid"] == int(pid))
+    # The target's children reaped in the window: their whole lives' CPU (cutime + cstime), what the
+    # readings of short-lived workers miss. Captures before 2026-12-03 lack it.
+    ms, me_ = start["procs"].get(pid), end["procs"].get(pid)
+    reaped = None
+    if ms and me_ and (ms.get("ps") or {}).get("children_s") is not None \
+            and (me_.get("ps") or {}).get("children_s") is not None:
+        reaped = max(0.0, me_["ps"]["children_s"] - ms["ps"]["children_s"])
     workers = [pr for pr in processes if pr["role"] == "dataloader_worker"]
     # Worker churn: PIDs that appeared after the first listing or vanished before the last.
     timeline = d.get("timeline", [])
@@ -388,6 +398,8 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         "workers": [{"pid": w["pid"], "cpu_cores": w.get("cpu_cores"), "alive_at_end": w["alive_at_end"]}
                     for w in workers],
         "worker_churn": {"appeared": appeared, "vanished": vanished},
+        "reaped_children_cpu_s": None if reaped is None else round(reaped, 4),
+        "reaped_children_cores": None if reaped is None else round(reaped / window_s, 4),
         "threads_at_start": d.get("threads_at_start"),
         "total_cpu_cores": round(sum((pr.get("cpu_seconds") or 0.0) for pr in processes) / window_s, 4),
     }

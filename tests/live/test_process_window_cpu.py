@@ -47,3 +47,40 @@ def test_a_child_gone_inside_the_window_shows_its_window_cpu_not_its_life():
     second = later[0]
     assert second["cpu_seconds"] is not None and 0.25 <= second["cpu_seconds"] <= 0.85, second
     assert second["seen"] == "listing" and second["role"] == "dataloader_worker", second   # its name
+
+
+# A parent that forks short-lived children named like DataLoader workers, each burning 0.15 CPU-s
+# and reaped at once: workers re-created every epoch, most of them born and gone between two of the
+# probe's listings.
+FORKER = r"""
+import os, sys, time
+print("ready", flush=True)
+while True:
+    pid = os.fork()
+    if pid == 0:
+        open('/proc/self/comm', 'w').write('pt_data_worker_0')
+        t = time.process_time() + 0.15
+        while time.process_time() < t:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.02)
+"""
+
+
+def test_children_reaped_in_the_window_are_counted_from_the_parents_cutime():
+    p = subprocess.Popen([sys.executable, "-c", FORKER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t0 = psutil.Process(p.pid).cpu_times()
+        _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
+        t1 = psutil.Process(p.pid).cpu_times()
+    finally:
+        p.kill()
+        p.wait()
+    got = ev["reaped_children_cpu_s"]
+    outer = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
+    # the window's reaped CPU lies within what psutil read around the whole probe run
+    assert got is not None and 0.3 <= got <= outer + 0.05, (got, outer)
+    assert ev["reaped_children_cores"] == round(got / ev["window_s"], 4)
+    assert ev["worker_churn"]["appeared"] or ev["worker_churn"]["vanished"]

@@ -82,3 +82,18 @@ def test_a_step_that_runs_torchs_transformer_splits_its_graphs():
     assert m.split_graphs and m.graph_break_kind == "transformer"
     assert StepModel(0.0, 0.0, rnn_share=0.05).graph_break_kind == "rnn"
     assert not StepModel(0.0, 0.0, transformer_share=0.01).split_graphs
+
+
+def test_reaped_workers_cpu_counts_where_workers_are_re_created():
+    me = {"pid": 10}
+    proc = {"pid": 10, "processes": [
+        {"pid": 11, "ppid": 10, "role": "dataloader_worker", "seen": "both", "alive_at_end": True, "cpu_cores": 0.2},
+        {"pid": 12, "ppid": 10, "role": "dataloader_worker", "seen": "start", "alive_at_end": False,
+         "cpu_cores": 0.1}],
+        "worker_churn": {"appeared": [], "vanished": [12]}, "reaped_children_cores": 1.3}
+    _, w_now, cores = step_model.workers_of(proc, me, 0, None, 5.0)
+    assert w_now == 2 and round(cores, 6) == 1.5          # the reaped 1.3 plus the survivor's 0.2
+    # without churn, or in a capture without the reading, the listings' sum stands
+    steady = dict(proc, worker_churn={"appeared": [], "vanished": []})
+    assert round(step_model.workers_of(steady, me, 0, None, 5.0)[2], 6) == 0.3
+    assert round(step_model.workers_of(dict(proc, reaped_children_cores=None), me, 0, None, 5.0)[2], 6) == 0.3
