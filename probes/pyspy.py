@@ -546,6 +546,7 @@ def _loaders(by_loader: dict[tuple[str, str], dict[str, Any]], trains: set[tuple
     for key, v in sorted(by_loader.items(), key=lambda kv: -(kv[1]["data_wait"] + kv[1]["data_load"])):
         rows.append({"site": v["label"], "data_wait": round(v["data_wait"] / total, 4),
                      "data_load": round(v["data_load"] / total, 4), "startup_seconds": round(v["startup"], 4),
+                     "starts": v.get("starts", 0), "first_wait": round(v.get("first_wait", 0.0) / total, 4),
                      "trains": (key in trains) if any_trains else None})
     return rows[:MODULE_SITES]
 
@@ -705,6 +706,7 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     last_site, site_runs, site_switches = None, 0, 0
     timeline: list[list[Any]] = []
     worker_startup = 0.0
+    started: tuple[str, str] | None = None   # the loader whose workers the loop last started
     for sp in training.spans:
         cat = pystacks.classify_training(sp.stack, source)
         by_cat[cat] += sp.seconds
@@ -715,11 +717,19 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
             if site is not None:
                 key = (site.name, site.filename)
                 by_loader.setdefault(key, {"label": site.label(), "data_wait": 0.0, "data_load": 0.0,
-                                           "startup": 0.0})
+                                           "startup": 0.0, "first_wait": 0.0, "starts": 0})
                 by_loader[key][cat] += sp.seconds
                 if any(f.name.endswith("_MultiProcessingDataLoaderIter.__init__") for f in sp.stack):
                     by_loader[key]["startup"] += sp.seconds
-        elif cat in ("backward", "optimizer"):
+                    by_loader[key]["starts"] += started != key
+                    started = key
+                elif cat == "data_wait" and started == key:
+                    # the wait for the first batch of workers just started: each builds a batch from
+                    # its first index on, however many there are
+                    by_loader[key]["first_wait"] += sp.seconds
+        else:
+            started = None
+        if cat in ("backward", "optimizer"):
             trains.update((f.name, f.filename) for f in sp.stack)
         brk = pystacks.graph_break_module(sp.stack)
         if brk is not None:

@@ -127,6 +127,8 @@ class LoaderSite(TypedDict):
     data_wait: float                        # share of the thread's time waiting on it for workers
     data_load: float                        # ... loading batches from it in the thread itself
     startup_seconds: float                  # seconds starting its workers
+    starts: int                             # times the loop started its workers in the window
+    first_wait: float                       # share waiting for the first batch of just-started workers
     trains: Optional[bool]                  # that function also runs backward/optimizer; None: unknown
 
 

@@ -528,10 +528,6 @@ MISS_WHY = {
                               "the CPUs the job will hold, neither of which the default probes measure directly "
                               "(spinning and useful work look alike; others' load on a shared host moves between "
                               "windows)",
-    "gan-recreated": "workers re-created every 16 steps hide their CPU (the process probe read 4 of the 12 worker "
-                     "PIDs in the window: D=0.55 where a loop waiting 84% on 2 workers implies 1.3-2), and a "
-                     "16-step epoch still waits for its first batch after persistent_workers=True, which the "
-                     "steady-state step leaves out; the rules also now propose more workers than the 6 measured",
     "gil-spinner": "a pure-Python spinner takes the GIL back within the 5 ms switch interval every time the training "
                    "thread releases it for a torch op, so about half of the training thread's CPU time under "
                    "contention is hand-over overhead: the step without the spinner is shorter than the on-CPU "

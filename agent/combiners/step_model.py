@@ -246,6 +246,7 @@ class StepModel:
     interleaved_calls: bool = False    # the loop calls its modules from several places, alternating, every step
     rnn_share: float = 0.0             # the loop's share in nn.LSTM / GRU / RNN forwards (graph breaks)
     transformer_share: float = 0.0     # ... in nn.TransformerEncoder / Decoder forwards (their mask check breaks)
+    f_first: float = 0.0               # ... waited for the first batch of workers it had just started
     f_eval: float = 0.0                # the loop waited on or loaded from loaders that do not train (an
                                        # evaluation pass's): a data fix to the training loader leaves it
 
@@ -296,7 +297,20 @@ class StepModel:
         from /proc: receiving each batch from the workers' queues, rebuilding its tensors, handing the
         next indices out; and py-spy's sampling error of the wait, which /proc does not have). The
         shortest step assumes it went with the wait."""
-        return 0.0 if sc == "lo" else min(self.wait_cpu, self.f_wait)
+        if sc == "lo":
+            return 0.0
+        # (the threads' CPU inside an evaluation pass's wait is in f_eval, which stays whole)
+        share = self.f_wait / (self.f_wait + self.f_eval) if self.f_wait + self.f_eval > 0 else 1.0
+        return min(self.wait_cpu * share, self.f_wait)
+
+    def first_wait(self, sc: str) -> float:
+        """The wait for the first batch of each epoch's freshly started workers (py-spy: the loop's
+        wait right after it started them), which stays with persistent workers and with more of them:
+        at each epoch's start every worker builds a batch from its first index, and the loop waits
+        for the first one. The shortest step assumes it went with the forks."""
+        if sc == "lo" or not self.recreated:
+            return 0.0
+        return min(self.f_first, self.f_wait)
 
     def share_err(self, x: float) -> float:
         return SAMPLE_Z * math.sqrt(max(x * (1.0 - x), 0.0) / max(self.n_samples, 1.0))
@@ -444,7 +458,7 @@ class StepModel:
             # where it does, the data term below sets the step anyway.
             keeps_wait = (workers_same and not ch.persistent and not ch.pin_memory and ch.gil_step is None
                           and ch.others_removed is None and not ch.runq_removed)
-            terms["loop"] = (loop + (self.f_wait if keeps_wait else self.handoff(sc))
+            terms["loop"] = (loop + (self.f_wait if keeps_wait else self.handoff(sc) + self.first_wait(sc))
                              + self.pin_serial(sc, keeps_wait))
             terms["data"] = k * d / (w * eff) if d > 0 else 0.0
             if self.pin_cores > 0 and not self.d_inloop:
@@ -545,7 +559,7 @@ class StepModel:
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
-             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
+             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4), "f_first": round(self.f_first, 4),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -671,6 +685,7 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     _gpu_terms(ev, m)
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
     m.churn_s = _churn_share(tt, m.f, ev_start)
+    m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or [] if r.get("trains") is not False)
     m.interleaved_calls = interleaved_calls(tt)
     m.rnn_share = rnn_share(tt)
     m.transformer_share = float((tt.get("graph_break_modules") or {}).get("transformer", 0.0))

@@ -307,9 +307,10 @@ def test_the_loops_work_inside_its_waits_for_workers_stays_when_the_waits_go():
         m = public_model(case)
         assert 0.04 <= m.wait_cpu <= 0.1, (case, m.wait_cpu)
         step = m.after(Change(workers=6))
-        assert step.binding == "loop" and step.terms["loop"] >= m.c + m.wait_cpu - 1e-6
+        assert step.binding == "loop" and step.terms["loop"] >= m.c + m.f_eval + m.handoff("mid") - 1e-6
         assert 0.8 <= step.speedup / measured <= 1.3, (case, step.speedup)
-        assert f"keeps the {100 * m.wait_cpu:.0f}% of the step its threads were on a CPU inside" in m.derivation(
+        # (less its share inside the test pass's wait, which stays whole: f_eval)
+        assert f"keeps the {100 * m.handoff('mid'):.0f}% of the step its threads were on a CPU inside" in m.derivation(
             "with 6 workers", step)
         # the optimistic end lets it go with the wait
         assert m.handoff("lo") == 0.0 and step.interval[1] > step.speedup
@@ -358,3 +359,23 @@ def test_an_evaluation_pass_loader_is_not_the_training_loaders_wait():
     assert "train (main.py:49)" in top["fixes"][0]["change"]
     # the fix measured 1.21x at 6 persistent workers; the printed estimate is no longer 3.19x
     assert top["expected_speedup"] <= 1.6
+
+
+def test_each_epochs_first_batch_wait_stays_with_persistent_workers():
+    # super_resolution's third run: 6 epochs of 4 batches in the window, 4 workers started for each;
+    # the loop waited 38% of the window for the first batch of workers it had just started. With 12
+    # persistent workers each epoch still begins with one worker building its first batch: that wait
+    # stays (measured 1.29x; the steady-stream model printed 1.66x held out).
+    m = public_model("superres-gpu-r3")
+    rows = {r["site"]: r for r in evidence_model_loaders("superres-gpu-r3")}
+    assert rows["train (main.py:49)"]["starts"] >= 4 and 0.3 <= m.f_first <= 0.45
+    step = m.after(Change(workers=12, persistent=True, pin_memory=True))
+    assert step.terms["loop"] >= m.f_first + m.f_eval
+    assert 0.8 <= step.speedup / 1.29 <= 1.25
+    # the optimistic end lets it go with the forks
+    assert m.first_wait("lo") == 0.0 and step.interval[1] > step.speedup
+
+
+def evidence_model_loaders(case):
+    b = bundle_mod.load(str(PUBLIC / f"{case}.tar.gz"))
+    return evidence_from(b.captures, b.context).get("pyspy")["training_thread"]["loaders"]
