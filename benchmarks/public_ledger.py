@@ -70,7 +70,7 @@ REPOS = {
                           ":(exclude)word_language_model/data"]),
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
-    "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt"]),
+    "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt", "projects/adder"]),
     "Lightning-AI/pytorch-lightning": ("7f0c3436cd3f6ad3753125672024fc415cbcb414",
                                        ["examples/fabric/image_classifier", "examples/pytorch/domain_templates",
                                         "examples/pytorch/basics"]),
@@ -415,6 +415,11 @@ def gpu_jobs() -> list[PublicJob]:
                   "DataLoader with 4 workers, pin_memory; 500 tokens sampled every 500 steps",
                   cwd="projects/chargpt", data=lambda w: make_text(w / "projects" / "chargpt"),
                   pythonpath=(".",), warmup=8.0),
+        PublicJob("mingpt-adder-gpu", "gpu", MINGPT, "projects/adder/adder.py", [],
+                  "minGPT's adder (gpt-nano learning 2-digit addition from an in-memory data set) on the GPU: its "
+                  "Trainer's DataLoader with 4 workers, pinned memory; every 500 steps it scores the model on "
+                  "the whole training and test sets by greedy generation (a loader without workers)",
+                  cwd="projects/adder", pythonpath=(".",), warmup=8.0, longest=60.0),
         PublicJob("siamese-gpu", "gpu", EX, "siamese_network/main.py", ["--epochs", "1000"],
                   "pytorch/examples siamese network on MNIST pairs on the GPU: 1 worker, pinned memory",
                   cwd="siamese_network", data=lambda w: make_mnist(w / "data", 60_000),
