@@ -44,13 +44,19 @@ def _idle_threads(n: int) -> None:
     threading.stack_size(64 * 1024)
     gate = _thread.allocate_lock()
     gate.acquire()
-    for _ in range(n):
+    t0 = time.monotonic()
+    for i in range(n):
         _thread.start_new_thread(gate.acquire, ())
+        if (i + 1) % 2000 == 0:
+            # where a slow start stands, for whoever waits for "ready" (not a PROGRESS line)
+            print(f"STARTING threads={i + 1} t={time.monotonic() - t0:.1f}", flush=True)
     threading.stack_size(0)
     sys.setswitchinterval(interval)
     # Ready once every thread exists (the kernel lists it).
     while len(os.listdir("/proc/self/task")) < n + 1:
         time.sleep(0.01)
+    if n:
+        print(f"STARTING listed={n} t={time.monotonic() - t0:.1f}", flush=True)
 
 
 def _forker(rate: float, life_s: float, stop: threading.Event) -> None:

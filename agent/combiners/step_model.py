@@ -559,7 +559,8 @@ class StepModel:
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
-             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4), "f_first": round(self.f_first, 4),
+             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
+             "f_first": round(self.f_first, 4),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -685,7 +686,8 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     _gpu_terms(ev, m)
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
     m.churn_s = _churn_share(tt, m.f, ev_start)
-    m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or [] if r.get("trains") is not False)
+    m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or []
+                    if r.get("trains") is not False)
     m.interleaved_calls = interleaved_calls(tt)
     m.rnn_share = rnn_share(tt)
     m.transformer_share = float((tt.get("graph_break_modules") or {}).get("transformer", 0.0))
@@ -834,7 +836,7 @@ def eval_loaders(tt: dict[str, Any]) -> tuple[float, float, float]:
 def _churn_share(tt: dict[str, Any], f: float, eval_start: float = 0.0) -> float:
     """The loop's share starting (`_MultiProcessingDataLoaderIter.__init__`) and joining
     (`_shutdown_workers`) the training loader's workers, from py-spy's data-wait stacks (an
-    evaluation loader's start-up, EVAL_START seconds, is not)."""
+    evaluation loader's start-up, `eval_start` seconds of it, is not)."""
     top = (tt.get("top_stacks") or {}).get("data_wait") or []
     start = max(float(tt.get("worker_startup_seconds") or 0.0) - eval_start, 0.0)
     s_start = min(start / max(float(tt.get("seconds") or 0.0), 1e-6), f)

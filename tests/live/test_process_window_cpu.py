@@ -82,5 +82,5 @@ def test_children_reaped_in_the_window_are_counted_from_the_parents_cutime():
     outer = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
     # the window's reaped CPU lies within what psutil read around the whole probe run
     assert got is not None and 0.3 <= got <= outer + 0.05, (got, outer)
-    assert ev["reaped_children_cores"] == round(got / ev["window_s"], 4)
+    assert abs(ev["reaped_children_cores"] - got / ev["window_s"]) < 1e-3
     assert ev["worker_churn"]["appeared"] or ev["worker_churn"]["vanished"]
