@@ -429,6 +429,9 @@ def _starved_loop(ev: Evidence) -> Loop | None:
     return lp if lp.f >= STARVED_SHARE else None
 
 
+EVAL_FIX_SHARE = 0.10     # an evaluation loader's wait at least this share of the window gets its own fix line
+
+
 @rule("dataloader.starved", requires=("pyspy",), uses=("process", "gpu"),
       description="the training loop waits on the DataLoader (py-spy) and more workers fit the CPUs")
 def dataloader_starved(ev: Evidence) -> Finding | None:
@@ -467,6 +470,14 @@ def _finding(ev: Evidence, force: dict[str, Any] | None = None) -> Finding | Non
         for fx in plan.fixes:
             if fx.change and fx.change.startswith("DataLoader("):
                 fx.change += f"  # the training loader, iterated at {lp.train_site}"
+        for r in lp.eval_sites:
+            share = r["data_wait"] + r["data_load"]
+            if share >= EVAL_FIX_SHARE:
+                # Its own fix, not priced: the number above is for the training loader's.
+                plan.fixes.append(Fix(
+                    f"The evaluation pass's loader, iterated at {r['site']}, waits {pct(share)} of the time too: "
+                    "give it workers that persist as well (not counted in the expected speedup)",
+                    change="DataLoader(..., num_workers=N, persistent_workers=True)  # the evaluation loader"))
     return Finding("dataloader.starved", _title(lp, m["w_now"]), max(plan.speedup, 1.0), plan.bound, conf, facts,
                    plan.fixes, risk="low", interval=plan.interval,
                    details=_details(lp, m, plan, recreated))

@@ -357,6 +357,9 @@ def test_an_evaluation_pass_loader_is_not_the_training_loaders_wait():
     top = rep["findings"][0]
     assert top["id"] == "dataloader.starved" and "evaluation pass" in top["title"]
     assert "train (main.py:49)" in top["fixes"][0]["change"]
+    # the evaluation loader gets its own line, without knobs (not applied with the priced fix)
+    ev_fix = [f for f in top["fixes"] if "test (main.py:66)" in f["title"]]
+    assert ev_fix and not ev_fix[0].get("knobs") and "not counted" in ev_fix[0]["title"]
     # the fix measured 1.21x at 6 persistent workers; the printed estimate is no longer 3.19x
     assert top["expected_speedup"] <= 1.6
 
