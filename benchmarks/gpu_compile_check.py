@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,9 +31,12 @@ KEEP = re.compile(r"skipping cudagraphs|cudagraph|Graph break|graph break|Recomp
 class LoggedProc(pl.PublicProc):
     """A PublicProc that keeps the lines of its output that speak of graphs."""
 
-    def _pump(self) -> None:
-        self.lines: list[str] = []
+    def __init__(self, *args, **kwargs) -> None:
+        self.lines: list[str] = []      # set before the base class starts the pump thread
         self.last: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def _pump(self) -> None:
         for line in self.proc.stdout:
             if KEEP.search(line) and len(self.lines) < 400:
                 self.lines.append(line.rstrip()[:400])
@@ -48,7 +52,7 @@ def check(job: pl.PublicJob, a: argparse.Namespace) -> dict:
                     ("default", {"compile": "default"})]
     procs = []
     old = os.environ.get("TORCH_LOGS")
-    for i, (tag, knobs) in enumerate(variants):
+    for tag, knobs in variants:
         if knobs:
             os.environ["TORCH_LOGS"] = "perf_hints,graph_breaks,recompiles"
         else:
@@ -64,7 +68,7 @@ def check(job: pl.PublicJob, a: argparse.Namespace) -> dict:
         time.sleep(a.compile_wait)
         rates = pl.interleaved(procs, a.seconds, a.settle, 3, a.reps, 0.03, time.time() + a.job_seconds)
     except Exception as e:  # noqa: BLE001 - say which variant died and how
-        gone = {tag: {"returncode": p.proc.poll(), "tail": getattr(p, "last", [])[-25:]}
+        gone = {tag: {"returncode": p.proc.poll(), "tail": p.last[-25:]}
                 for (tag, _k), p in zip(variants, procs) if p.proc.poll() is not None}
         raise RuntimeError(f"{e}; exited: {json.dumps(gone)}") from None
     finally:
@@ -77,11 +81,11 @@ def check(job: pl.PublicJob, a: argparse.Namespace) -> dict:
     out = {"job": job.name, "repo": job.repo, "commit": job.commit, "script": job.script, "variants": {}}
     for (tag, knobs), p, r in zip(variants, procs, rates):
         ratios = [x / b for x, b in zip(r, rates[0])]
-        lo, hi = pl.mean_log_interval(ratios) if len(ratios) > 1 else (ratios[0], ratios[0])
+        lo, hi = pl.mean_log_interval(ratios)
         out["variants"][tag] = {"knobs": knobs, "rates": [round(x, 3) for x in r],
-                                "ratio": round(pl.statistics.geometric_mean(ratios), 3),
+                                "ratio": round(statistics.geometric_mean(ratios), 3),
                                 "interval": [round(lo, 3), round(hi, 3)],
-                                "injected": p.injected(), "log": getattr(p, "lines", [])}
+                                "injected": p.injected(), "log": p.lines}
     return out
 
 

@@ -193,18 +193,19 @@ def make_text(root: Path, n_chars: int = 1_000_000) -> None:
     f.write_text("".join(out))
 
 
-def _jpegs(args: tuple[Path, int, int, int]) -> None:
+def _jpegs(args: tuple[Path, int, int, int, int, tuple[int, int], str]) -> None:
+    """N JPEGs of W x H into D: smooth colour fields (a BASE-shaped grid scaled up) plus noise, which
+    decode like photographs, not like white noise; NAME formats each file's name from seed and i."""
     from PIL import Image
     import numpy as np
-    d, cls, n, size = args
+    d, seed, n, w, h, base_shape, name = args
     d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(cls)
+    rng = np.random.default_rng(seed)
     for i in range(n):
-        # smooth colour fields plus noise: decodes like a photograph, not like white noise
-        base = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
-        img = Image.fromarray(base).resize((size, size), Image.BILINEAR)
-        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 12, size=(size, size, 3))
-        Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(d / f"{cls}_{i:04d}.jpg", quality=90)
+        base = rng.integers(0, 256, size=(*base_shape, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
+        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 12, size=(h, w, 3))
+        Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(d / name.format(seed=seed, i=i), quality=90)
 
 
 def make_jpeg_folder(root: Path, classes: int = 10, per_class: int = 200, size: int = 320) -> None:
@@ -212,24 +213,12 @@ def make_jpeg_folder(root: Path, classes: int = 10, per_class: int = 200, size: 
     from multiprocessing import Pool
     if (root / ".done").exists():
         return
-    jobs = [(root / "train" / f"c{c:02d}", c, per_class, size) for c in range(classes)]
-    jobs += [(root / "val" / f"c{c:02d}", 100 + c, max(2, per_class // 10), size) for c in range(classes)]
+    sq = (size, size, (8, 8), "{seed}_{i:04d}.jpg")
+    jobs = [(root / "train" / f"c{c:02d}", c, per_class, *sq) for c in range(classes)]
+    jobs += [(root / "val" / f"c{c:02d}", 100 + c, max(2, per_class // 10), *sq) for c in range(classes)]
     with Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
         pool.map(_jpegs, jobs)
     (root / ".done").write_text("")
-
-
-def _flat_jpegs(args: tuple[Path, int, int, int, int]) -> None:
-    from PIL import Image
-    import numpy as np
-    d, seed, n, w, h = args
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        base = rng.integers(0, 256, size=(6, 9, 3), dtype=np.uint8)
-        img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
-        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 12, size=(h, w, 3))
-        Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(d / f"{seed}{i:05d}.jpg", quality=90)
 
 
 def make_bsds(root: Path) -> None:
@@ -238,7 +227,7 @@ def make_bsds(root: Path) -> None:
     if (root / ".done").exists():
         return
     for sub, seed, n in (("train", 1, 200), ("test", 2, 100)):
-        _flat_jpegs((root / "BSDS300" / "images" / sub, seed, n, 481, 321))
+        _jpegs((root / "BSDS300" / "images" / sub, seed, n, 481, 321, (6, 9), "{seed}{i:05d}.jpg"))
     (root / ".done").write_text("")
 
 

@@ -689,8 +689,9 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or []
                     if r.get("trains") is not False)
     m.interleaved_calls = interleaved_calls(tt)
-    m.rnn_share = rnn_share(tt)
-    m.transformer_share = float((tt.get("graph_break_modules") or {}).get("transformer", 0.0))
+    breaks = tt.get("graph_break_modules") or {}
+    m.rnn_share = float(breaks.get("rnn", 0.0))
+    m.transformer_share = float(breaks.get("transformer", 0.0))
     pins = [t for t in spy.get("other_threads") or [] if "pin_memory" in (t.get("name") or "")
             and t.get("gil_share") is not None]
     if pins and (spy.get("gil") or {}).get("measured", True):
@@ -810,18 +811,7 @@ def interleaved_calls(tt: dict[str, Any]) -> bool:
     return sw >= INTERLEAVED_SWITCHES and sw >= INTERLEAVED_SHARE * n
 
 
-RNN_FORWARDS = ("LSTM.forward (rnn.py", "GRU.forward (rnn.py", "RNN.forward (rnn.py", "RNNBase.forward (rnn.py")
-RNN_SHARE = 0.02              # a recurrent module's forward at least this share of the step (not a stray sample)
-
-
-def rnn_share(tt: dict[str, Any]) -> float:
-    """The loop's share of samples inside a recurrent module's forward (torch.nn.modules.rnn): the
-    py-spy probe's count over every sample, else (evidence without it) py-spy's top stacks."""
-    gb = tt.get("graph_break_modules")
-    if gb is not None:
-        return float(gb.get("rnn", 0.0))
-    return sum(x["fraction"] for stacks in (tt.get("top_stacks") or {}).values() for x in stacks
-               if any(fr.startswith(RNN_FORWARDS) for fr in x.get("stack") or []))
+RNN_SHARE = 0.02              # a graph-breaking module's forward at least this share of the step (not a stray sample)
 
 
 def eval_loaders(tt: dict[str, Any]) -> tuple[float, float, float]:
