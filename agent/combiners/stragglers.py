@@ -26,8 +26,9 @@ waits this is T - e again. Waits behind processes outside the job do not fall on
 each rank's work is stretched on its own CPUs while the others' is on theirs, so they count once,
 out' c_f, at the larger of the two ranks' rates (a rank's wait behind outsiders: the share of the
 window others ran on its CPUs, contention probe, at most its CPU waits). Counted N times they put a
-2-rank CPU job under four unpinned busy loops at 1.13x where removing its extra work measured 1.46x. With more than two ranks some waits coincide and the sum overstates the
-step: the number is then a lower estimate. The speedup is clamped to [1, 1 / (1 - e)].
+2-rank CPU job under four unpinned busy loops at 1.13x where removing its extra work measured 1.46x.
+With more than two ranks some waits coincide and the sum overstates the step: the number is then a
+lower estimate. The speedup is clamped to [1, 1 / (1 - e)].
 With more ranks, w_o is the median wait of the other ranks (the straggler is named against the
 typical rank) and the speedup uses the smallest wait among the non-stragglers (the next slowest
 rank sets the pace once the straggler is fixed). All shares are of the window.

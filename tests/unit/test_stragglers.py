@@ -161,3 +161,20 @@ def test_an_unexplained_straggler_says_so():
 def test_one_rank_or_none_measured_is_no_verdict():
     v = stragglers.analyse([_row(10, 0.5), {**_row(20, 0.5), "collective_share": None}])
     assert v["stragglers"] == [] and "needs two" in v["no_straggler_reason"]
+
+
+def test_waits_behind_outside_processes_count_once_and_other_ranks_are_not_outsiders():
+    # Rank 0 (CPU 0) waits 0.30 of the window, all of it behind a process outside the job that ran
+    # 0.5 of CPU 0; rank 1, the straggler (CPU 1), waits 0.10 with nothing else on its CPU.
+    def con(others_by_cpu, competitors=()):
+        return {"contention": {"job_cpu_count": 2, "others_by_cpu": others_by_cpu, "competitors": list(competitors)}}
+    rows = lambda facts: [_measured(10, 0.45, 0.25, 0.20, 0.10, rank=0, samples=400, node_facts=facts),
+                          _measured(20, 0.05, 0.80, 0.05, 0.05, rank=1, samples=400, cpus="1", node_facts=facts)]
+    after = stragglers.analyse(rows(con({0: 0.5, 1: 0.0})))["stragglers"][0]["after_fix"]
+    assert after["outside_waits"] == pytest.approx(0.30) and after["cpu_waits"] == pytest.approx(2 * 0.125 * 0.25)
+    # The job bundle's JSON makes the CPU keys strings: the same terms.
+    assert stragglers.analyse(rows(con({"0": 0.5, "1": 0.0})))["stragglers"][0]["after_fix"] == after
+    # Two Slurm nodes on one machine: what ran on rank 0's CPU was rank 1 itself, not an outsider.
+    other_rank = [{"pid": 20, "command": "python train.py", "cpus_allowed": "0-1", "share_of_job_cpus": 0.5}]
+    after = stragglers.analyse(rows(con({0: 0.5, 1: 0.0}, other_rank)))["stragglers"][0]["after_fix"]
+    assert after["outside_waits"] == 0.0
