@@ -73,6 +73,7 @@ REPOS = {
     "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt", "projects/adder"]),
     "Lightning-AI/pytorch-lightning": ("7f0c3436cd3f6ad3753125672024fc415cbcb414",
                                        ["examples/fabric/image_classifier", "examples/pytorch/domain_templates",
+                                        "examples/fabric/language_model", "examples/fabric/kfold_cv",
                                         "examples/pytorch/basics"]),
 }
 
@@ -132,6 +133,15 @@ def make_pl_mnist(root: Path, n_train: int = 60_000, n_test: int = 1000) -> None
         for name, n in (("training.pt", n_train), ("test.pt", n_test)):
             torch.save((torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g),
                         torch.randint(0, 10, (n,), generator=g)), d / name)
+
+
+def make_lightning_mnist(w: Path) -> None:
+    """Lightning's basics examples call lightning.pytorch.demos' MNIST(), which first makes torchvision's
+    MNIST at ./data (download=True: the idx files must be there) and then reads the script's own
+    DATASETS_PATH (examples/Datasets) the same way; its own format (make_pl_mnist) is the fallback."""
+    make_mnist(w / PL_BASICS / "data", 60_000)
+    make_mnist(w / "examples" / "Datasets", 60_000)
+    make_pl_mnist(w / "examples" / "Datasets")
 
 
 def make_words(root: Path, n_train: int = 600_000) -> None:
@@ -274,6 +284,8 @@ def _set(flag: str) -> Callable[[Any], list[str]]:
 EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-image-models"
 MINGPT, PL = "karpathy/minGPT", "Lightning-AI/pytorch-lightning"
 FABRIC_MNIST = "examples/fabric/image_classifier"
+FABRIC_LM = "examples/fabric/language_model"
+FABRIC_KFOLD = "examples/fabric/kfold_cv"
 PL_GAN = "examples/pytorch/domain_templates"
 PL_BASICS = "examples/pytorch/basics"
 NANO_CPU = ["--device=cpu", "--dtype=float32", "--dataset=rand", "--eval_interval=100000", "--eval_iters=1",
@@ -329,6 +341,15 @@ def cpu_jobs() -> list[PublicJob]:
                   "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta), CPU, no workers",
                   cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
                   flags={"item_every": _set("--log-interval")}),
+        PublicJob("fabric-lm-cpu", "cpu", PL, f"{FABRIC_LM}/train.py", [],
+                  "Lightning Fabric's language_model example (the demos' Transformer on WikiText2-shaped text, "
+                  "SGD, gradient clipping, batch 20), CPU, a DataLoader without workers",
+                  cwd=FABRIC_LM, data=lambda w: make_wikitext_file(w / FABRIC_LM / "data" / "wikitext-2.txt")),
+        PublicJob("fabric-kfold-cpu", "cpu", PL, f"{FABRIC_KFOLD}/train_fabric.py", ["--epochs", "1000"],
+                  "Lightning Fabric's kfold_cv example (5 MNIST CNNs, one per fold), CPU, a new DataLoader "
+                  "without workers for each fold",
+                  cwd=FABRIC_KFOLD, data=lambda w: make_mnist(w / "Datasets", 60_000),
+                  flags={"item_every": _set("--log-interval")}),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
@@ -362,6 +383,13 @@ def gpu_jobs() -> list[PublicJob]:
                   ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
                   "pytorch/examples imagenet/main.py --dummy (FakeData, PIL -> ToTensor), resnet18, -j 2",
                   cwd="imagenet", flags={"item_every": _set("--print-freq")}, warmup=8.0),
+        PublicJob("imagenet-jpeg-j2", "gpu", EX, "imagenet/main.py",
+                  [str(jpeg20k), "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
+                  "pytorch/examples imagenet/main.py on an ImageFolder of 20,000 JPEGs (decode, RandomResizedCrop, "
+                  "flip, ToTensor, Normalize in 2 workers), resnet18, batch 128, pinned memory, a validation "
+                  "pass of 2,000 images after each epoch",
+                  cwd="imagenet", data=lambda w: make_jpeg_folder(jpeg20k, per_class=2000),
+                  flags={"item_every": _set("--print-freq")}, warmup=10.0, longest=60.0),
         PublicJob("timm-resnet18-compiled", "gpu", TIMM, "train.py",
                   timm_args + ["--model", "resnet18", "-b", "128", "-j", "4", "--amp", "--torchcompile", "inductor"],
                   "timm's train.py, resnet18, AMP, --torchcompile inductor, JPEG ImageFolder, -j 4",
@@ -392,7 +420,23 @@ def gpu_jobs() -> list[PublicJob]:
                   ["--trainer.max_epochs=1000"],
                   "Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
                   "MNIST, batch 32, a DataLoader without workers, validation every epoch)",
-                  cwd=PL_BASICS, data=lambda w: make_pl_mnist(w / "examples" / "Datasets"), warmup=12.0,
+                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=12.0,
+                  longest=60.0),
+        PublicJob("fabric-lm-gpu", "gpu", PL, f"{FABRIC_LM}/train.py", [],
+                  "Lightning Fabric's language_model example (the demos' Transformer on WikiText2-shaped text, "
+                  "SGD, gradient clipping, batch 20, a DataLoader without workers, a validation pass each epoch)",
+                  cwd=FABRIC_LM, data=lambda w: make_wikitext_file(w / FABRIC_LM / "data" / "wikitext-2.txt"),
+                  warmup=10.0),
+        PublicJob("fabric-kfold-gpu", "gpu", PL, f"{FABRIC_KFOLD}/train_fabric.py", ["--epochs", "1000"],
+                  "Lightning Fabric's kfold_cv example (5 MNIST CNNs, Adadelta, one per fold; a new DataLoader "
+                  "without workers for each fold's 750 steps, then the fold's validation)",
+                  cwd=FABRIC_KFOLD, data=lambda w: make_mnist(w / "Datasets", 60_000),
+                  flags={"item_every": _set("--log-interval")}, warmup=8.0),
+        PublicJob("lightning-autoencoder-gpu", "gpu", PL, f"{PL_BASICS}/autoencoder.py",
+                  ["--trainer.max_epochs=1000"],
+                  "Lightning's basics/autoencoder.py (LightningCLI, Trainer, an MLP autoencoder on the demos' "
+                  "MNIST, batch 32, a DataLoader without workers, validation and an image sampler each epoch)",
+                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=12.0,
                   longest=60.0),
         PublicJob("lightning-transformer-gpu", "gpu", PL, f"{PL_BASICS}/transformer.py", [],
                   "Lightning's basics/transformer.py (L.Trainer, the demos' Transformer language model on "

@@ -114,9 +114,15 @@ def _patch_compile_models(torch) -> None:
     mode = _KNOBS["compile_models"]
     seen: "weakref.WeakSet" = weakref.WeakSet()
 
+    def is_module(o) -> bool:
+        try:
+            return isinstance(o, torch.nn.Module)
+        except ReferenceError:      # a weakref.proxy whose object is gone, among gc's objects
+            return False
+
     def modules_of(opt):
         ids = {id(p) for g in opt.param_groups for p in g["params"]}
-        mods = [m for m in gc.get_objects() if isinstance(m, torch.nn.Module)]
+        mods = [m for m in gc.get_objects() if is_module(m)]
         cand = []
         for m in mods:
             ps = [id(p) for p in m.parameters()]
