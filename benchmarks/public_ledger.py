@@ -6,7 +6,8 @@ and data made locally (no network, no hub). The harness starts the job, lets it 
 `python -m trainprobe.agent diagnose --pid PID --duration D --json --save BUNDLE`, takes the top
 finding (and the report's `plan`, where the report has one) and applies the `knobs` it printed
 exactly, without editing the script: benchmarks/inject/sitecustomize.py, first on the job's
-PYTHONPATH, overrides the keyword arguments of the script's DataLoader, calls
+PYTHONPATH, overrides the keyword arguments of the script's training DataLoaders (each loader
+first iterated with autograd on: an evaluation pass's loader, iterated under no_grad, stays), calls
 torch.set_num_threads, sets the mode of the script's torch.compile, and counts optimizer steps
 from a step post-hook into a small file; a knob a script has its own flag for (nanoGPT's
 --log_interval for `item_every`) goes through that flag. A knob none of these can apply makes the

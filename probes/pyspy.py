@@ -547,6 +547,7 @@ def _loaders(by_loader: dict[tuple[str, str], dict[str, Any]], trains: set[tuple
         rows.append({"site": v["label"], "data_wait": round(v["data_wait"] / total, 4),
                      "data_load": round(v["data_load"] / total, 4), "startup_seconds": round(v["startup"], 4),
                      "starts": v.get("starts", 0), "first_wait": round(v.get("first_wait", 0.0) / total, 4),
+                     "passes": v.get("passes", 0),
                      "trains": (key in trains) if any_trains else None})
     return rows[:MODULE_SITES]
 
@@ -707,6 +708,7 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     timeline: list[list[Any]] = []
     worker_startup = 0.0
     started: tuple[str, str] | None = None   # the loader whose workers the loop last started
+    last_loader: tuple[str, str] | None = None   # the loader of the thread's last data sample
     for sp in training.spans:
         cat = pystacks.classify_training(sp.stack, source)
         by_cat[cat] += sp.seconds
@@ -717,8 +719,11 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
             if site is not None:
                 key = (site.name, site.filename)
                 by_loader.setdefault(key, {"label": site.label(), "data_wait": 0.0, "data_load": 0.0,
-                                           "startup": 0.0, "first_wait": 0.0, "starts": 0})
+                                           "startup": 0.0, "first_wait": 0.0, "starts": 0, "passes": 0})
                 by_loader[key][cat] += sp.seconds
+                # a pass: a run of the thread's data samples at this loader, between samples at another
+                by_loader[key]["passes"] += last_loader != key
+                last_loader = key
                 if any(f.name.endswith("_MultiProcessingDataLoaderIter.__init__") for f in sp.stack):
                     by_loader[key]["startup"] += sp.seconds
                     by_loader[key]["starts"] += started != key

@@ -129,6 +129,7 @@ class LoaderSite(TypedDict):
     startup_seconds: float                  # seconds starting its workers
     starts: int                             # times the loop started its workers in the window
     first_wait: float                       # share waiting for the first batch of just-started workers
+    passes: int                             # runs of the thread's data samples at it, between others'
     trains: Optional[bool]                  # that function also runs backward/optimizer; None: unknown
 
 

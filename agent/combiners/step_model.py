@@ -249,6 +249,7 @@ class StepModel:
     f_first: float = 0.0               # ... waited for the first batch of workers it had just started
     f_eval: float = 0.0                # the loop waited on or loaded from loaders that do not train (an
                                        # evaluation pass's): a data fix to the training loader leaves it
+    eval_passes: int = 0               # separate passes of the loop over such loaders in the window
 
     @property
     def f(self) -> float:
@@ -485,8 +486,13 @@ class StepModel:
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
             # time-sharing them) is held to today's ratio, not counted slower than it is.
             terms["cpu"] = (u / p) / max(1.0, self.u / self.p)
-        if self.f_eval > 0:
-            # An evaluation pass's loader: its wait is not the training loader's and stays.
+        if self.f_eval > 0 and (sc != "lo" or self.eval_passes >= EVAL_CYCLE_PASSES):
+            # An evaluation pass's loader: its wait is not the training loader's and stays. The
+            # window's share of it estimates the job's (a window placed at random sees each phase in
+            # its share of the job's time), but a window that caught a single pass is shorter than
+            # the job's cycle of training and evaluation and can hold far more of the pass than the
+            # job spends in it (Fabric's k-fold example: 55% of one 5 s window, about a sixth of each
+            # fold): the shortest step then counts none of it.
             for t in ("loading", "loop"):
                 if t in terms:
                     terms[t] += self.f_eval
@@ -560,6 +566,7 @@ class StepModel:
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
              "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
+             "eval_passes": self.eval_passes,
              "f_first": round(self.f_first, 4),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
@@ -568,6 +575,7 @@ class StepModel:
         return d
 
 
+EVAL_CYCLE_PASSES = 2          # a window with this many evaluation passes spans a whole cycle of the job
 CHURN_CAP = 0.5               # persistent workers at most halve the loop's own time
 # Per-worker rates the ledgers measured when a fix raised the worker count (docs/ledger.md): the rate
 # of each worker at the new count over its rate at the old one, quoted beside e(W)'s assumption.
@@ -681,6 +689,8 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     ev_wait, ev_load, ev_start = eval_loaders(tt)
     m = StepModel(f_wait=max(float(bd.get("data_wait", 0.0)) - ev_wait, 0.0),
                   f_load=max(float(bd.get("data_load", 0.0)) - ev_load, 0.0), f_eval=ev_wait + ev_load,
+                  eval_passes=sum(int(r.get("passes") or 0) for r in tt.get("loaders") or []
+                                  if r.get("trains") is False),
                   w_now=int(workers.get("count") or 0), pid=worst.get("pid"), ranks=len(ranks),
                   n_samples=max(1.0, float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0)))
     _gpu_terms(ev, m)

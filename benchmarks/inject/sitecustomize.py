@@ -4,14 +4,20 @@ Put this folder first on PYTHONPATH of the job (benchmarks/public_ledger.py does
 
   TRAINPROBE_LEDGER_KNOBS     JSON of the fix's knobs, e.g. {"num_workers": 8, "pin_memory": true}:
                               num_workers, pin_memory, persistent_workers, prefetch_factor override
-                              the keyword arguments of the script's DataLoader (the first one it
-                              builds, or every one with TRAINPROBE_LEDGER_LOADERS=all);
+                              the keyword arguments of the script's training DataLoaders (below);
                               worker_threads sets torch.set_num_threads in each worker;
                               intra_op_threads calls torch.set_num_threads; compile sets the mode
                               of the script's own torch.compile calls; compile_models (a script
                               that compiles nothing itself) compiles, in place after its first
                               step, the module each optimizer trains (nn.Module.compile(mode=...),
                               what `model = torch.compile(model, mode=...)` does).
+  TRAINPROBE_LEDGER_LOADERS   which DataLoaders the loader knobs go to: "train" (the default): every
+                              loader first iterated with autograd on, set as it starts iterating
+                              (evaluation passes iterate under torch.no_grad or inference_mode:
+                              pytorch/examples' test loops, Lightning's validation and sanity
+                              check, which builds and iterates the validation loader before the
+                              training one; a script that builds a new loader per fold or epoch
+                              gets each one); "first": the first one built; "all": every one built.
   TRAINPROBE_LEDGER_PROGRESS  a file: "unix_time steps" is rewritten in place at most every 0.2 s
                               from an optimizer step post-hook (no thread, no output);
                               TRAINPROBE_LEDGER_COUNT=backward counts loss.backward() calls instead,
@@ -37,7 +43,7 @@ _KNOBS = json.loads(os.environ.get("TRAINPROBE_LEDGER_KNOBS") or "{}")
 _PROGRESS = os.environ.get("TRAINPROBE_LEDGER_PROGRESS")
 _OWNER = os.environ.setdefault("TRAINPROBE_LEDGER_OWNER", str(os.getpid()))
 _IS_OWNER = _OWNER == str(os.getpid())      # children (workers, compile pools) count nothing
-_LOADERS = os.environ.get("TRAINPROBE_LEDGER_LOADERS", "first")
+_LOADERS = os.environ.get("TRAINPROBE_LEDGER_LOADERS", "train")
 _APPLIED: list[str] = []
 _LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -49,11 +55,20 @@ def _log(msg: str) -> None:
             fh.write(msg + "\n")
 
 
+def _worker_init(torch, user_init, n: int):
+    def worker_init_fn(worker_id, _user=user_init, _n=n):
+        torch.set_num_threads(_n)
+        if _user is not None:
+            _user(worker_id)
+    return worker_init_fn
+
+
 def _patch_dataloader(torch) -> None:
     import inspect
 
     dl = torch.utils.data.DataLoader
     orig = dl.__init__
+    orig_iter = dl.__iter__
     sig = inspect.signature(orig)
     wanted = {k: _KNOBS[k] for k in _LOADER_KEYS if k in _KNOBS}
     worker_threads = _KNOBS.get("worker_threads")
@@ -61,7 +76,8 @@ def _patch_dataloader(torch) -> None:
 
     def __init__(self, *args, **kwargs):
         count[0] += 1
-        if (_LOADERS == "all" or count[0] == 1) and (wanted or worker_threads):
+        object.__setattr__(self, "_tp_ledger_n", count[0])
+        if _LOADERS in ("all", "first") and (_LOADERS == "all" or count[0] == 1) and (wanted or worker_threads):
             try:
                 bound = sig.bind(self, *args, **kwargs)
             except TypeError:
@@ -78,19 +94,40 @@ def _patch_dataloader(torch) -> None:
             elif kw.get("prefetch_factor") is None and "prefetch_factor" in wanted:
                 kw["prefetch_factor"] = 2
             if worker_threads and kw.get("num_workers"):
-                user_init = kw.get("worker_init_fn")
-
-                def worker_init_fn(worker_id, _user=user_init, _n=int(worker_threads)):
-                    torch.set_num_threads(_n)
-                    if _user is not None:
-                        _user(worker_id)
-                kw["worker_init_fn"] = worker_init_fn
+                kw["worker_init_fn"] = _worker_init(torch, kw.get("worker_init_fn"), int(worker_threads))
             after = {k: kw.get(k, before[k]) for k in before}
             _log(f"DataLoader #{count[0]} ({type(self).__name__}): {before} -> {after}")
             return orig(self, **kw, **extra)
         return orig(self, *args, **kwargs)
 
+    def __iter__(self):
+        # "train": the knobs go to a loader the first time it is iterated with autograd on, set on the
+        # built loader as its constructor would have set them (persistent_workers through
+        # object.__setattr__: DataLoader refuses it after __init__).
+        if (_LOADERS == "train" and (wanted or worker_threads) and not getattr(self, "_tp_ledger_seen", False)):
+            object.__setattr__(self, "_tp_ledger_seen", True)
+            if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+                before = {k: getattr(self, k, None) for k in _LOADER_KEYS}
+                for k, v in wanted.items():
+                    object.__setattr__(self, k, v)
+                if not self.num_workers:
+                    object.__setattr__(self, "persistent_workers", False)
+                    object.__setattr__(self, "prefetch_factor", None)
+                elif self.prefetch_factor is None:
+                    object.__setattr__(self, "prefetch_factor", 2)
+                if worker_threads and self.num_workers:
+                    object.__setattr__(self, "worker_init_fn",
+                                       _worker_init(torch, self.worker_init_fn, int(worker_threads)))
+                after = {k: getattr(self, k, None) for k in _LOADER_KEYS}
+                _log(f"DataLoader #{getattr(self, '_tp_ledger_n', '?')} ({type(self).__name__}), iterated "
+                     f"with autograd on: {before} -> {after}")
+            else:
+                _log(f"DataLoader #{getattr(self, '_tp_ledger_n', '?')} ({type(self).__name__}) left as "
+                     f"built: first iterated without autograd (an evaluation pass)")
+        return orig_iter(self)
+
     dl.__init__ = __init__
+    dl.__iter__ = __iter__
 
 
 def _patch_compile(torch) -> None:

@@ -228,12 +228,22 @@ GRAPH_BREAK_MODULES = (
 )
 
 
+ITERATOR_METHODS = ("__iter__", "__next__")
+
+
 def loader_site(stack: tuple[Frame, ...]) -> Frame | None:
     """The frame that iterates the DataLoader a data sample waits on or loads from (the caller of
-    the first torch.utils.data frame): `train (main.py:49)` and `test (main.py:66)` are two loaders."""
+    the first torch.utils.data frame): `train (main.py:49)` and `test (main.py:66)` are two loaders.
+    An iterator around the loader only passes the iteration on (Fabric's _FabricDataLoader.__iter__,
+    timm's PrefetchLoader.__iter__, Lightning's fetchers and CombinedLoader.__next__, accelerate's
+    DataLoaderShard.__iter__): the site is the first caller outside such methods, so a training
+    loop's loader and an evaluation pass's are told apart through the same wrapper."""
     for i, f in enumerate(stack):
         if "torch/utils/data/" in f.filename:
-            return stack[i - 1] if i > 0 else None
+            j = i - 1
+            while j > 0 and stack[j].name.rsplit(".", 1)[-1] in ITERATOR_METHODS:
+                j -= 1
+            return stack[j] if j >= 0 else None
     return None
 
 

@@ -75,6 +75,40 @@ def test_compile_is_applied_to_the_module_each_optimizer_trains(tmp_path):
     assert log.read_text().count("compiled ") == 3
 
 
+def test_loader_knobs_go_to_the_loaders_the_training_loop_iterates(tmp_path):
+    # benchmarks/inject/sitecustomize.py on a real torch process: a script that builds and iterates
+    # its evaluation loader first (Lightning's sanity check), under no_grad, then one training loader
+    # per fold (Fabric's k-fold example): the printed DataLoader knobs go to every training loader,
+    # and the evaluation loaders stay as built.
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "ds = TensorDataset(torch.arange(8.0))\n"
+        "def run(dl):\n"
+        "    n = sum(1 for _ in dl)\n"
+        "    return f'{dl.num_workers}/{dl.persistent_workers}/{n}'\n"
+        "out = []\n"
+        "with torch.no_grad():\n"
+        "    out.append(run(DataLoader(ds, batch_size=4)))\n"
+        "for fold in range(2):\n"
+        "    train = DataLoader(ds, batch_size=2)\n"
+        "    out.append(run(train)); out.append(run(train))\n"
+        "    with torch.inference_mode():\n"
+        "        out.append(run(DataLoader(ds, batch_size=4)))\n"
+        "print(' '.join(out))\n")
+    log = tmp_path / "inject.log"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "benchmarks" / "inject"),
+           "TRAINPROBE_LEDGER_KNOBS": json.dumps({"num_workers": 1, "persistent_workers": True}),
+           "TRAINPROBE_LEDGER_LOG": str(log)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0/False/2", "1/True/4", "1/True/4", "0/False/2",
+                                "1/True/4", "1/True/4", "0/False/2"], r.stdout
+    text = log.read_text()
+    assert text.count("iterated with autograd on") == 2 and text.count("left as built") == 3, text
+
+
 def test_a_compile_applied_to_the_optimizers_modules_is_the_printed_compile():
     # the measured row is evaluated at what was applied: compile_models is the printed compile
     got = ledger.applied_knobs({}, {"injected": {"compile_models": "reduce-overhead", "num_workers": 2}})

@@ -51,6 +51,28 @@ def test_the_loader_site_is_the_frame_iterating_it():
     assert loader_site(stack(("<module>", "/job/main.py", 1))) is None
 
 
+def test_the_loader_site_looks_through_iterators_around_the_loader():
+    # Fabric's k-fold example: train and validation both iterate a _FabricDataLoader, whose __iter__
+    # is the caller of torch's frames in both; the functions that iterate it are the two sites
+    fabric = "/venv/site-packages/lightning/fabric/wrappers.py"
+    wrap = (("_FabricDataLoader.__iter__", fabric, 372), ("_BaseDataLoaderIter.__next__", DATA, 741),
+            ("_SingleProcessDataLoaderIter._next_data", DATA, 790))
+    val = stack(("<module>", "/job/train_fabric.py", 190), ("run", "/job/train_fabric.py", 150),
+                ("validate_dataloader", "/job/train_fabric.py", 72), *wrap)
+    train = stack(("<module>", "/job/train_fabric.py", 190), ("run", "/job/train_fabric.py", 149),
+                  ("train_dataloader", "/job/train_fabric.py", 47), *wrap)
+    assert loader_site(val).name == "validate_dataloader"
+    assert loader_site(train).name == "train_dataloader"
+    # Lightning's Trainer: fetchers and CombinedLoader pass the iteration on from the epoch loop
+    fetchers = "/venv/site-packages/lightning/pytorch/loops/fetchers.py"
+    combined = "/venv/site-packages/lightning/pytorch/utilities/combined_loader.py"
+    epoch = "/venv/site-packages/lightning/pytorch/loops/training_epoch_loop.py"
+    pl = stack(("_TrainingEpochLoop.advance", epoch, 220), ("_PrefetchDataFetcher.__next__", fetchers, 133),
+               ("_DataFetcher.__next__", fetchers, 61), ("CombinedLoader.__next__", combined, 341),
+               ("_MaxSizeCycle.__next__", combined, 78), *wrap[1:])
+    assert loader_site(pl).name == "_TrainingEpochLoop.advance"
+
+
 def test_loaders_split_training_from_evaluation_only_when_a_loader_trains():
     train, test = ("train", "/job/main.py"), ("test", "/job/main.py")
     by = {train: {"label": "train (main.py:49)", "data_wait": 5.5, "data_load": 0.0, "startup": 0.4},
