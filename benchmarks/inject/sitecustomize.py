@@ -63,6 +63,21 @@ def _worker_init(torch, user_init, n: int):
     return worker_init_fn
 
 
+def _fitted(torch, kw: dict, worker_threads, set_prefetch: bool) -> dict:
+    """The loader keywords KW (the fix's over the script's) as torch accepts them: without workers no
+    persistent_workers or prefetch_factor; with workers a prefetch_factor where one is wanted and
+    none is set; worker_threads through the workers' init function."""
+    kw = dict(kw)
+    if not kw.get("num_workers"):
+        kw["persistent_workers"] = False
+        kw["prefetch_factor"] = None
+    elif kw.get("prefetch_factor") is None and set_prefetch:
+        kw["prefetch_factor"] = 2
+    if worker_threads and kw.get("num_workers"):
+        kw["worker_init_fn"] = _worker_init(torch, kw.get("worker_init_fn"), int(worker_threads))
+    return kw
+
+
 def _patch_dataloader(torch) -> None:
     import inspect
 
@@ -86,15 +101,7 @@ def _patch_dataloader(torch) -> None:
             kw.pop("self", None)
             extra = kw.pop("kwargs", {}) if "kwargs" in sig.parameters else {}
             before = {k: kw.get(k, sig.parameters[k].default) for k in _LOADER_KEYS if k in sig.parameters}
-            kw.update(wanted)
-            if not kw.get("num_workers"):
-                # torch refuses these without workers
-                kw["persistent_workers"] = False
-                kw["prefetch_factor"] = None
-            elif kw.get("prefetch_factor") is None and "prefetch_factor" in wanted:
-                kw["prefetch_factor"] = 2
-            if worker_threads and kw.get("num_workers"):
-                kw["worker_init_fn"] = _worker_init(torch, kw.get("worker_init_fn"), int(worker_threads))
+            kw.update(_fitted(torch, {**kw, **wanted}, worker_threads, "prefetch_factor" in wanted))
             after = {k: kw.get(k, before[k]) for k in before}
             _log(f"DataLoader #{count[0]} ({type(self).__name__}): {before} -> {after}")
             return orig(self, **kw, **extra)
@@ -108,16 +115,9 @@ def _patch_dataloader(torch) -> None:
             object.__setattr__(self, "_tp_ledger_seen", True)
             if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
                 before = {k: getattr(self, k, None) for k in _LOADER_KEYS}
-                for k, v in wanted.items():
+                now = {**before, "worker_init_fn": self.worker_init_fn, **wanted}
+                for k, v in _fitted(torch, now, worker_threads, True).items():
                     object.__setattr__(self, k, v)
-                if not self.num_workers:
-                    object.__setattr__(self, "persistent_workers", False)
-                    object.__setattr__(self, "prefetch_factor", None)
-                elif self.prefetch_factor is None:
-                    object.__setattr__(self, "prefetch_factor", 2)
-                if worker_threads and self.num_workers:
-                    object.__setattr__(self, "worker_init_fn",
-                                       _worker_init(torch, self.worker_init_fn, int(worker_threads)))
                 after = {k: getattr(self, k, None) for k in _LOADER_KEYS}
                 _log(f"DataLoader #{getattr(self, '_tp_ledger_n', '?')} ({type(self).__name__}), iterated "
                      f"with autograd on: {before} -> {after}")

@@ -46,6 +46,15 @@ def test_docs_page_is_generated_from_the_raw_json():
     assert "Top-1 correct" in page
 
 
+def _run_injected(tmp_path, script, knobs):
+    """Run SCRIPT with benchmarks/inject/sitecustomize.py first on its path and KNOBS applied: the
+    finished process and the injection's log file."""
+    log = tmp_path / "inject.log"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "benchmarks" / "inject"),
+           "TRAINPROBE_LEDGER_KNOBS": json.dumps(knobs), "TRAINPROBE_LEDGER_LOG": str(log)}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120), log
+
+
 def test_compile_is_applied_to_the_module_each_optimizer_trains(tmp_path):
     # benchmarks/inject/sitecustomize.py on a real torch process: a script that compiles nothing
     # gets the printed `torch.compile(model, mode=...)` as nn.Module.compile on the model its
@@ -65,11 +74,7 @@ def test_compile_is_applied_to_the_module_each_optimizer_trains(tmp_path):
         "for o in (opt, og, od):\n"
         "    o.step()\n"
         "print(' '.join(str(m._compiled_call_impl is not None) for m in (net, w, g, d, gan)))\n")
-    log = tmp_path / "inject.log"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "benchmarks" / "inject"),
-           "TRAINPROBE_LEDGER_KNOBS": json.dumps({"compile_models": "reduce-overhead"}),
-           "TRAINPROBE_LEDGER_LOG": str(log)}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    r, log = _run_injected(tmp_path, script, {"compile_models": "reduce-overhead"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True", "False", "True", "True", "False"], r.stdout
     assert log.read_text().count("compiled ") == 3
@@ -97,11 +102,7 @@ def test_loader_knobs_go_to_the_loaders_the_training_loop_iterates(tmp_path):
         "    with torch.inference_mode():\n"
         "        out.append(run(DataLoader(ds, batch_size=4)))\n"
         "print(' '.join(out))\n")
-    log = tmp_path / "inject.log"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "benchmarks" / "inject"),
-           "TRAINPROBE_LEDGER_KNOBS": json.dumps({"num_workers": 1, "persistent_workers": True}),
-           "TRAINPROBE_LEDGER_LOG": str(log)}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    r, log = _run_injected(tmp_path, script, {"num_workers": 1, "persistent_workers": True})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["0/False/2", "1/True/4", "1/True/4", "0/False/2",
                                 "1/True/4", "1/True/4", "0/False/2"], r.stdout
