@@ -47,6 +47,8 @@ MAX_MINIMUM_CORES = 0.5
 # 1.6-1.7x, and py-spy measured 35% over its plan).
 AGENT_START_NOMINAL_CPU_S = 0.085
 SPEED_MAX = 3.0
+# A start-up that compiled this many modules from source (no bytecode cache) is not a measure of speed.
+COMPILED_MIN = 3
 # The models' spread between runs is about +-15% (contention, the target's stacks): adjustable
 # probes are planned against this share of the budget, so the measured tree stays within it.
 PLAN_MARGIN = 0.85
@@ -118,6 +120,43 @@ def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:
 
 
 _startup_cpu_s: list[float] = []
+_startup_compiled: list[int] = []
+
+
+def _process_start_unix() -> float | None:
+    """This process's start, from /proc (starttime in clock ticks after boot; the boot from the
+    uptime, to 10 ms: /proc/stat's btime has whole seconds)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            boot = time.time() - float(f.read().split()[0])
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def compiled_this_run(modules: dict[str, Any] | None = None, since: float | None = None) -> int:
+    """How many of the loaded modules this process compiled from source: their bytecode cache is
+    missing (PYTHONDONTWRITEBYTECODE, a read-only install) or was written after the process started.
+    Compiling is most of a cold start-up's CPU (0.26 CPU-s against 0.10-0.15 warm on the GPU node),
+    which says nothing about the machine's speed."""
+    import sys
+    since = _process_start_unix() if since is None else since
+    n = 0
+    for m in list((sys.modules if modules is None else modules).values()):
+        spec = getattr(m, "__spec__", None)
+        origin, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
+        if not (origin and cached and str(origin).endswith(".py")):
+            continue
+        try:
+            mtime = os.stat(cached).st_mtime
+        except OSError:
+            n += 1                 # no cache: compiled now and not written
+            continue
+        if since is not None and mtime >= since - 0.05:
+            n += 1
+    return n
 
 
 def note_startup() -> None:
@@ -126,6 +165,10 @@ def note_startup() -> None:
     if not _startup_cpu_s:
         s = resource.getrusage(resource.RUSAGE_SELF)
         _startup_cpu_s.append(s.ru_utime + s.ru_stime)
+        try:
+            _startup_compiled.append(compiled_this_run())
+        except Exception:  # noqa: BLE001 - the check is an aid to the plan, never a failure
+            _startup_compiled.append(0)
 
 
 def machine_speed() -> tuple[float, str]:
@@ -133,6 +176,10 @@ def machine_speed() -> tuple[float, str]:
     if not _startup_cpu_s:
         return 1.0, "the models as measured (start-up not measured in this process)"
     took = _startup_cpu_s[0]
+    compiled = _startup_compiled[0] if _startup_compiled else 0
+    if compiled >= COMPILED_MIN:
+        return 1.0, (f"the models as measured: the CLI's start-up ({took:.3f} CPU-s) compiled {compiled} modules' "
+                     "bytecode (no cache), which says nothing of this machine's speed")
     f = min(SPEED_MAX, max(1.0, took / AGENT_START_NOMINAL_CPU_S))
     return f, (f"the CLI's start-up took {took:.3f} CPU-s against the models' {AGENT_START_NOMINAL_CPU_S:g}: "
                f"every figure x{f:.2f}")

@@ -186,7 +186,11 @@ def _ci95(xs: list[float]) -> list[float] | None:
 
 # -- the cost model against the measured tree -------------------------------------------------------
 
-MODEL_TOLERANCE = 0.30       # |measured - planned| over planned, beyond which the benchmark fails
+MODEL_TOLERANCE = 0.30       # |measured - planned| over planned for the tree, beyond which the benchmark fails
+# Each part (a probe, the agent's own part) fails beyond this, and is flagged beyond MODEL_TOLERANCE: one
+# part's figure moves by 20-40% between runs of one job and between jobs on one machine (docs/cost.md),
+# so a 30% bar on every part fails runs whose tree is well within its own.
+PART_TOLERANCE = 0.50
 MODEL_ABS_FLOOR_CPU_S = 0.02  # differences smaller than this are noise, whatever the ratio (small parts)
 
 
@@ -210,8 +214,9 @@ def model_parts(window: dict[str, Any]) -> dict[str, tuple[float, float]]:
 
 
 def model_check(attached: list[dict[str, Any]]) -> dict[str, Any]:
-    """The plan's estimate against the measured tree, part by part, medians over the windows; a part
-    fails when they differ by more than MODEL_TOLERANCE of the estimate (and MODEL_ABS_FLOOR_CPU_S)."""
+    """The plan's estimate against the measured tree, part by part, medians over the windows: the tree
+    fails when they differ by more than MODEL_TOLERANCE of the estimate, a part by more than
+    PART_TOLERANCE (flagged `off` beyond MODEL_TOLERANCE), either only beyond MODEL_ABS_FLOOR_CPU_S."""
     ok = [a for a in attached if a.get("ok") and a.get("plan")]
     rows: dict[str, dict[str, Any]] = {}
     for a in ok:
@@ -226,13 +231,15 @@ def model_check(attached: list[dict[str, Any]]) -> dict[str, Any]:
                  measured_range=[round(min(r["measured"]), 4), round(max(r["measured"]), 4)],
                  ratio=round(me / pl, 3) if pl > 0 else None)
         off = abs(me - pl)
-        r["fails"] = off > MODEL_TOLERANCE * pl and off > MODEL_ABS_FLOOR_CPU_S
+        r["off"] = off > MODEL_TOLERANCE * pl and off > MODEL_ABS_FLOOR_CPU_S
+        r["fails"] = r["off"] and (part == "tree" or off > PART_TOLERANCE * pl)
         if r["fails"]:
             failures.append(f"{part}: planned {pl:.3f} CPU-s, measured {me:.3f} (median of {len(r['measured'])} windows, "
                             f"{100 * (me / pl - 1) if pl > 0 else float('inf'):+.0f}%)")
     speed = [a["plan"].get("speed_factor") for a in ok if a["plan"].get("speed_factor")]
     refs = [a.get("reference_cpu_s") for a in ok if a.get("reference_cpu_s")]
-    return {"windows": len(ok), "tolerance": MODEL_TOLERANCE, "parts": rows, "failures": failures,
+    return {"windows": len(ok), "tolerance": MODEL_TOLERANCE, "part_tolerance": PART_TOLERANCE, "parts": rows,
+            "failures": failures, "off": [p for p, r in rows.items() if r["off"] and not r["fails"]],
             "plan_speed_factor_median": round(statistics.median(speed), 3) if speed else None,
             "reference_cpu_s_median": round(statistics.median(refs), 4) if refs else None}
 
@@ -246,7 +253,8 @@ def model_table(name: str, check: dict[str, Any]) -> str:
         r = check["parts"][part]
         rng = f"{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}"
         lines.append(f"  {part:<36} {r['planned_median']:>8.3f} {r['measured_median']:>9.3f} {rng:>15} "
-                     f"{r['ratio'] if r['ratio'] is not None else '-':>6}" + ("  FAIL" if r["fails"] else ""))
+                     f"{r['ratio'] if r['ratio'] is not None else '-':>6}"
+                     + ("  FAIL" if r["fails"] else f"  off >{100 * MODEL_TOLERANCE:.0f}%" if r.get("off") else ""))
     return "\n".join(lines)
 
 
@@ -261,7 +269,8 @@ def report_model_checks(results: list[dict[str, Any]]) -> int:
         bad += [f"{r['case']}: {f}" for f in chk["failures"]]
     if bad:
         print(f"\nCOST MODEL CHECK FAILED: the plan's estimate (agent/cost.py and each probe's model) and the "
-              f"measured agent tree differ by more than {100 * MODEL_TOLERANCE:.0f}%:", file=sys.stderr)
+              f"measured agent tree differ by more than {100 * MODEL_TOLERANCE:.0f}% (a part: "
+              f"{100 * PART_TOLERANCE:.0f}%):", file=sys.stderr)
         for b in bad:
             print(f"  {b}", file=sys.stderr)
         return 1

@@ -479,6 +479,20 @@ def gpu_jobs() -> list[PublicJob]:
                   "causal mask) on the GPU (its own batching, no DataLoader; the script's AdamW option)",
                   cwd="word_language_model", data=lambda w: make_words(w / "word_language_model"),
                   env={"TRAINPROBE_LEDGER_COUNT": "backward"}, warmup=6.0),
+        PublicJob("lightning-imagenet-j2", "gpu", PL, f"{PL_GAN}/imagenet.py",
+                  ["fit", f"--model.data_path={jpeg20k}", "--model.workers=2", "--model.batch_size=128",
+                   "--trainer.max_epochs=1000"],
+                  "Lightning's domain_templates/imagenet.py (LightningCLI, Trainer, torchvision resnet18, SGD) on "
+                  "an ImageFolder of 20,000 JPEGs: 2 workers re-created every epoch, pinned memory, a "
+                  "validation pass of 2,000 images and a checkpoint after each epoch",
+                  cwd=PL_GAN, data=lambda w: make_jpeg_folder(jpeg20k, per_class=2000), warmup=12.0,
+                  longest=60.0),
+        PublicJob("timm-vit-j4-20k", "gpu", TIMM, "train.py",
+                  ["--data-dir", str(jpeg20k)] + timm_args[2:] + ["--model", "vit_small_patch16_224", "-b", "128",
+                                                                  "-j", "4", "--amp"],
+                  "timm's train.py, vit_small_patch16_224, AMP, a JPEG ImageFolder of 20,000 images (156 "
+                  "batches an epoch), -j 4",
+                  data=lambda w: make_jpeg_folder(jpeg20k, per_class=2000), warmup=10.0),
         PublicJob("superres-gpu", "gpu", EX, "super_resolution/main.py",
                   ["--upscale_factor", "3", "--nEpochs", "100000", "--accel"],
                   "pytorch/examples super-resolution (ESPCN) on BSDS300-shaped JPEGs on the GPU: 4 workers, "

@@ -88,3 +88,51 @@ def test_no_gil_sampler_beside_only_idle_threads():
     assert plan["gil_rate_hz"] == 0 and "no other thread" in plan["gil_skipped"]
     plan = pyspy.plan_sampling(10.0, (1,), {}, 1.0, 25, threads=3, busy=2)
     assert plan["gil_rate_hz"] > 0
+
+
+# -- the plan's speed factor: a start-up that compiled bytecode is not a measure of speed ----------
+
+class _Spec:
+    def __init__(self, origin: str, cached: str) -> None:
+        self.origin, self.cached = origin, cached
+
+
+class _Mod:
+    def __init__(self, origin: str, cached: str) -> None:
+        self.__spec__ = _Spec(origin, cached)
+
+
+def test_compiled_modules_are_those_without_a_cache_or_with_one_written_since_the_start(tmp_path):
+    import os
+
+    from trainprobe.agent import cost
+    old, new = tmp_path / "old.pyc", tmp_path / "new.pyc"
+    old.write_bytes(b"")
+    new.write_bytes(b"")
+    os.utime(old, (1000.0, 1000.0))
+    os.utime(new, (5000.0, 5000.0))
+    mods = {"a": _Mod("/x/a.py", str(old)), "b": _Mod("/x/b.py", str(new)),
+            "c": _Mod("/x/c.py", str(tmp_path / "missing.pyc")),
+            "ext": _Mod("/x/ext.so", str(tmp_path / "missing2.pyc")), "builtin": object()}
+    assert cost.compiled_this_run(mods, since=4000.0) == 2       # b (written since) and c (no cache)
+    assert cost.compiled_this_run(mods, since=6000.0) == 1       # only c
+
+
+def test_a_cold_start_up_plans_at_the_models_speed_and_says_why(tmp_path):
+    """A real interpreter with an empty bytecode cache (PYTHONPYCACHEPREFIX): its start-up compiles
+    every module, and the plan does not read that as a slow machine."""
+    import os
+    import subprocess
+    import sys
+    code = ("from trainprobe.agent import cost; cost.note_startup(); f, why = cost.machine_speed(); "
+            "print(f); print(why)")
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    f, why = cold.stdout.splitlines()
+    assert float(f) == 1.0 and "compiled" in why and "bytecode" in why
+    # The second start-up finds the cache the first wrote: a measure of speed again.
+    import time
+    time.sleep(0.3)
+    warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "compiled" not in warm.stdout and "start-up took" in warm.stdout
