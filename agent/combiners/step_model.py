@@ -374,7 +374,8 @@ class StepModel:
 
     # -- the step after a change -----------------------------------------------------------------
 
-    def _at(self, ch: Change, sc: str, cal: Calibration) -> tuple[float, str, dict[str, float], bool]:
+    def _at(self, ch: Change, sc: str, cal: Calibration,
+            eval_kept: bool | None = None) -> tuple[float, str, dict[str, float], bool]:
         i = SCENARIOS.index(sc)
         if (ch.runq_removed and ch.gil_freed_cores > 0 and ch.intra_threads
                 and ch.intra_threads >= self.threads_busy - 1):
@@ -486,7 +487,9 @@ class StepModel:
             # Today's step is 1 by definition: a job whose CPU use already exceeds its CPUs (threads
             # time-sharing them) is held to today's ratio, not counted slower than it is.
             terms["cpu"] = (u / p) / max(1.0, self.u / self.p)
-        if self.f_eval > 0 and (sc != "lo" or self.eval_passes >= EVAL_CYCLE_PASSES):
+        if eval_kept is None:
+            eval_kept = sc != "lo" or self.eval_passes >= EVAL_CYCLE_PASSES
+        if self.f_eval > 0 and eval_kept:
             # An evaluation pass's loader: its wait is not the training loader's and stays. The
             # window's share of it estimates the job's (a window placed at random sees each phase in
             # its share of the job's time), but a window that caught a single pass is shorter than
@@ -510,6 +513,14 @@ class StepModel:
     def after(self, ch: Change, cal: Calibration | None = None) -> Step:
         cal = cal or CAL
         mid, binding, terms, over = self._at(ch, "mid", cal)
+        if self.f_eval > 0 and self.eval_passes == 1:
+            # The window caught one evaluation pass, cut by its edge (a window shorter than the job's
+            # cycle): where the cut falls is uniform whatever the pass's share of the job, so the
+            # window's share says nothing of the job's (the k-fold example's 55% against about a
+            # sixth). The middle is the geometric mean of the step with all of it kept and with none
+            # of it, the two ends' own assumptions. (Captures from before the passes were counted
+            # keep all of it.)
+            mid = math.sqrt(mid * self._at(ch, "mid", cal, eval_kept=False)[0])
         lo = self._at(ch, "lo", cal)[0]
         hi = self._at(ch, "hi", cal)[0]
         lo, hi = min(lo, mid), max(hi, mid)
@@ -547,6 +558,10 @@ class StepModel:
             if pin >= 0.01:
                 kept.append(f"the pin-memory thread's {100 * pin:.0f}% under the GIL")
         inside = (", which keeps " + " and ".join(kept)) if kept else ""
+        if self.f_eval >= 0.01 and self.eval_passes == 1:
+            inside += (f"; the window caught one evaluation pass, cut by its edge, and cannot tell that pass's "
+                       f"share of the job: the step is the geometric mean of keeping its {100 * self.f_eval:.0f}% "
+                       "and keeping none of it")
         return (f"{self.split_words()}; {what}: the step is set by {BINDING_WORDS.get(step.binding, step.binding)}"
                 f"{inside} ({step.mid:.2f} of today's): {step.speedup:.2f}x ({lo:.2f}-{hi:.2f}x over the fitted constants' "
                 "ranges and py-spy's sampling error); an estimate")

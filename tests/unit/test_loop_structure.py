@@ -99,6 +99,25 @@ def test_an_evaluation_loaders_wait_stays_after_a_fix_to_the_training_loader():
     assert any("evaluation pass" in k for k in split.split())
 
 
+def test_one_evaluation_pass_cut_by_the_window_counts_half_of_its_share_in_log_terms():
+    """A window that caught a single pass of an evaluation loader (Fabric's k-fold example: 55% of
+    the window, about a sixth of the job) cannot say the pass's share of the job: the middle step is
+    the geometric mean of keeping all of it and none of it; a window with two passes or more spans
+    the job's cycle and keeps it whole."""
+    import math
+    base = dict(f_wait=0.35, f_load=0.0, w_now=0, d=0.3, u=0.9, p=16.0, p_allowed=16.0, loop_cores=1.0,
+                threads_busy=1, gpu_busy=0.05, n_samples=150, f_eval=0.42)
+    ch = Change(workers=8, persistent=True, pin_memory=True)
+    one, two = StepModel(eval_passes=1, **base), StepModel(eval_passes=2, **base)
+    kept = one._at(ch, "mid", step_model.CAL, eval_kept=True)[0]
+    none = one._at(ch, "mid", step_model.CAL, eval_kept=False)[0]
+    assert none < kept
+    assert math.isclose(one.after(ch).mid, math.sqrt(kept * none), rel_tol=1e-9)
+    assert math.isclose(two.after(ch).mid, kept, rel_tol=1e-9)
+    lo, hi = one.after(ch).interval
+    assert lo <= one.after(ch).speedup <= hi
+
+
 def test_a_step_that_runs_torchs_transformer_splits_its_graphs():
     m = StepModel(0.0, 0.0, transformer_share=0.19)
     assert m.split_graphs and m.graph_break_kind == "transformer"
