@@ -351,6 +351,21 @@ def cpu_jobs() -> list[PublicJob]:
                   "without workers for each fold",
                   cwd=FABRIC_KFOLD, data=lambda w: make_mnist(w / "Datasets", 60_000),
                   flags={"item_every": _set("--log-interval")}),
+        PublicJob("superres-cpu", "cpu", EX, "super_resolution/main.py", ["--upscale_factor", "3", "--nEpochs", "100000"],
+                  "pytorch/examples super-resolution (ESPCN) on BSDS300-shaped JPEGs, CPU: 4 workers re-created "
+                  "every epoch of 4 steps, a test pass and a checkpoint after each",
+                  cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
+                  longest=60.0),
+        PublicJob("lightning-backbone-cpu", "cpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
+                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu"],
+                  "Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
+                  "MNIST, batch 32, a DataLoader without workers, validation every epoch), CPU",
+                  cwd=PL_BASICS, data=make_lightning_mnist, longest=60.0),
+        PublicJob("lightning-autoencoder-cpu", "cpu", PL, f"{PL_BASICS}/autoencoder.py",
+                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu"],
+                  "Lightning's basics/autoencoder.py (LightningCLI, Trainer, an MLP autoencoder on the demos' "
+                  "MNIST, batch 32, a DataLoader without workers, validation and an image sampler each epoch), CPU",
+                  cwd=PL_BASICS, data=make_lightning_mnist, longest=60.0),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
