@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,8 +120,7 @@ def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:
                    f"would be {share:.2f} CPU-s)")
 
 
-_startup_cpu_s: list[float] = []
-_startup_compiled: list[int] = []
+_startup: list[tuple[float, int]] = []     # the CLI's start-up CPU-s, and how many modules it compiled
 
 
 def _process_start_unix() -> float | None:
@@ -141,7 +141,6 @@ def compiled_this_run(modules: dict[str, Any] | None = None, since: float | None
     missing (PYTHONDONTWRITEBYTECODE, a read-only install) or was written after the process started.
     Compiling is most of a cold start-up's CPU (0.26 CPU-s against 0.10-0.15 warm on the GPU node),
     which says nothing about the machine's speed."""
-    import sys
     since = _process_start_unix() if since is None else since
     n = 0
     for m in list((sys.modules if modules is None else modules).values()):
@@ -162,21 +161,20 @@ def compiled_this_run(modules: dict[str, Any] | None = None, since: float | None
 def note_startup() -> None:
     """Record this process's CPU so far (the CLI's start-up), once: the diagnose command calls it
     first thing. A process that never calls it (tests, the library) plans at the models' speed."""
-    if not _startup_cpu_s:
+    if not _startup:
         s = resource.getrusage(resource.RUSAGE_SELF)
-        _startup_cpu_s.append(s.ru_utime + s.ru_stime)
         try:
-            _startup_compiled.append(compiled_this_run())
+            compiled = compiled_this_run()
         except Exception:  # noqa: BLE001 - the check is an aid to the plan, never a failure
-            _startup_compiled.append(0)
+            compiled = 0
+        _startup.append((s.ru_utime + s.ru_stime, compiled))
 
 
 def machine_speed() -> tuple[float, str]:
     """How much slower than the models this machine runs the agent now, from the CLI's start-up."""
-    if not _startup_cpu_s:
+    if not _startup:
         return 1.0, "the models as measured (start-up not measured in this process)"
-    took = _startup_cpu_s[0]
-    compiled = _startup_compiled[0] if _startup_compiled else 0
+    took, compiled = _startup[0]
     if compiled >= COMPILED_MIN:
         return 1.0, (f"the models as measured: the CLI's start-up ({took:.3f} CPU-s) compiled {compiled} modules' "
                      "bytecode (no cache), which says nothing of this machine's speed")

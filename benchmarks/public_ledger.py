@@ -297,6 +297,20 @@ NANO_GPU = ["--dataset=rand", "--eval_interval=100000", "--eval_iters=1", "--log
             "--max_iters=10000000", "--lr_decay_iters=10000000", "--dropout=0.0"]
 NANO_FLAGS = {"item_every": _set("--log_interval")}
 
+PL_BACKBONE = ("Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
+               "MNIST, batch 32, a DataLoader without workers, validation every epoch)")
+PL_AUTOENCODER = ("Lightning's basics/autoencoder.py (LightningCLI, Trainer, an MLP autoencoder on the demos' "
+                  "MNIST, batch 32, a DataLoader without workers, validation and an image sampler each epoch)")
+
+
+def _pl_basics(name: str, script: str, what: str, cpu: bool = False) -> PublicJob:
+    """One of Lightning's basics examples run by LightningCLI on the demos' MNIST (a DataLoader without
+    workers, validation every epoch), on the GPU or, with `cpu`, on the CPU."""
+    return PublicJob(name, "cpu" if cpu else "gpu", PL, f"{PL_BASICS}/{script}",
+                     ["--trainer.max_epochs=1000"] + (["--trainer.accelerator=cpu"] if cpu else []),
+                     what + (", CPU" if cpu else ""), cwd=PL_BASICS, data=make_lightning_mnist,
+                     warmup=8.0 if cpu else 12.0, longest=60.0)
+
 
 def cpu_jobs() -> list[PublicJob]:
     return [
@@ -356,16 +370,8 @@ def cpu_jobs() -> list[PublicJob]:
                   "every epoch of 4 steps, a test pass and a checkpoint after each",
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   longest=60.0),
-        PublicJob("lightning-backbone-cpu", "cpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
-                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu"],
-                  "Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
-                  "MNIST, batch 32, a DataLoader without workers, validation every epoch), CPU",
-                  cwd=PL_BASICS, data=make_lightning_mnist, longest=60.0),
-        PublicJob("lightning-autoencoder-cpu", "cpu", PL, f"{PL_BASICS}/autoencoder.py",
-                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu"],
-                  "Lightning's basics/autoencoder.py (LightningCLI, Trainer, an MLP autoencoder on the demos' "
-                  "MNIST, batch 32, a DataLoader without workers, validation and an image sampler each epoch), CPU",
-                  cwd=PL_BASICS, data=make_lightning_mnist, longest=60.0),
+        _pl_basics("lightning-backbone-cpu", "backbone_image_classifier.py", PL_BACKBONE, cpu=True),
+        _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
@@ -432,12 +438,7 @@ def gpu_jobs() -> list[PublicJob]:
                   "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta) on the GPU, no workers",
                   cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
                   flags={"item_every": _set("--log-interval")}, warmup=8.0),
-        PublicJob("lightning-backbone-gpu", "gpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
-                  ["--trainer.max_epochs=1000"],
-                  "Lightning's backbone_image_classifier (LightningCLI, Trainer, a 2-layer MLP on the demos' "
-                  "MNIST, batch 32, a DataLoader without workers, validation every epoch)",
-                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=12.0,
-                  longest=60.0),
+        _pl_basics("lightning-backbone-gpu", "backbone_image_classifier.py", PL_BACKBONE),
         PublicJob("fabric-lm-gpu", "gpu", PL, f"{FABRIC_LM}/train.py", [],
                   "Lightning Fabric's language_model example (the demos' Transformer on WikiText2-shaped text, "
                   "SGD, gradient clipping, batch 20, a DataLoader without workers, a validation pass each epoch)",
@@ -448,12 +449,7 @@ def gpu_jobs() -> list[PublicJob]:
                   "without workers for each fold's 750 steps, then the fold's validation)",
                   cwd=FABRIC_KFOLD, data=lambda w: make_mnist(w / "Datasets", 60_000),
                   flags={"item_every": _set("--log-interval")}, warmup=8.0),
-        PublicJob("lightning-autoencoder-gpu", "gpu", PL, f"{PL_BASICS}/autoencoder.py",
-                  ["--trainer.max_epochs=1000"],
-                  "Lightning's basics/autoencoder.py (LightningCLI, Trainer, an MLP autoencoder on the demos' "
-                  "MNIST, batch 32, a DataLoader without workers, validation and an image sampler each epoch)",
-                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=12.0,
-                  longest=60.0),
+        _pl_basics("lightning-autoencoder-gpu", "autoencoder.py", PL_AUTOENCODER),
         PublicJob("lightning-transformer-gpu", "gpu", PL, f"{PL_BASICS}/transformer.py", [],
                   "Lightning's basics/transformer.py (L.Trainer, the demos' Transformer language model on "
                   "WikiText2-shaped text, batch 20, a DataLoader without workers, gradient clipping)",

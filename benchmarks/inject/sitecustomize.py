@@ -92,7 +92,7 @@ def _patch_dataloader(torch) -> None:
     def __init__(self, *args, **kwargs):
         count[0] += 1
         object.__setattr__(self, "_tp_ledger_n", count[0])
-        if _LOADERS in ("all", "first") and (_LOADERS == "all" or count[0] == 1) and (wanted or worker_threads):
+        if (_LOADERS == "all" or (_LOADERS == "first" and count[0] == 1)) and (wanted or worker_threads):
             try:
                 bound = sig.bind(self, *args, **kwargs)
             except TypeError:
