@@ -22,6 +22,7 @@ import psutil
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.schema import ProcessEvidence
+from trainprobe.probes.support import oncpu as oncpu_mod
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
@@ -146,9 +147,21 @@ def _environ(root: str, pid: int) -> dict[str, str]:
         return {}
 
 
-def _libraries(root: str, pid: int) -> list[str]:
-    text = procfs.try_read_text(root, f"proc/{pid}/maps") or ""
+def _libraries(root: str, pid: int, text: str | None = None) -> list[str]:
+    text = text if text is not None else (procfs.try_read_text(root, f"proc/{pid}/maps") or "")
     return [lib for lib in procfs.parse_maps_libraries(text) if any(m in lib for m in LIB_MARKERS)]
+
+
+def _start_oncpu(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "oncpu_mod.Sampler | None":
+    """Sample the training process's threads' CPU by library where it maps an OpenMP runtime (its
+    intra-op threads' spinning is what the thread model needs); None where it maps none."""
+    if not oncpu_mod.openmp_ranges(maps) or spec.root not in ("", "/"):
+        return None
+    tids = sorted(int(t) for t in (snap0["procs"].get(str(spec.pid)) or {}).get("tasks", {}))
+    try:
+        return oncpu_mod.start(tids, maps, spec.window_s)
+    except OSError as e:   # the library call itself failed: the samples are simply not taken
+        return oncpu_mod.Sampler(reason=f"perf_event_open failed ({e})")
 
 
 class ProcessProbe(Probe):
@@ -191,13 +204,40 @@ class ProcessProbe(Probe):
             raise TargetGone(f"process {spec.pid} exited before the window started")
         env = {str(p): _environ(root, p) for p, _ in tree0}
         parents = {str(p): pp for p, pp in tree0}
-        libs = _libraries(root, spec.pid)
+        maps = procfs.try_read_text(root, f"proc/{spec.pid}/maps") or ""
+        libs = _libraries(root, spec.pid, maps)
         for p, _ in tree0:   # ranks under a launcher load CUDA, the launcher does not
             if p != spec.pid and "LOCAL_RANK" in env.get(str(p), {}):
                 libs = sorted(set(libs) | set(_libraries(root, p)))
         exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
+        sampler = _start_oncpu(spec, snap0, maps)
+        try:
+            snap1, timeline, target_exited_unix = self._watch(spec, rec, deadline_monotonic, follow, tree0, t0,
+                                                              env, parents)
+        finally:
+            oncpu = oncpu_mod.read(sampler) if sampler is not None and not sampler.reason else None
+        n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
+        rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
+                 "{stat,status,cmdline,environ*,task/*/{stat,status,schedstat}}", 0, t0, time.time() - t0)
+        rec.add("snapshots.json", json.dumps({
+            "pid": spec.pid, "start": snap0, "end": snap1, "timeline": timeline, "parents": parents,
+            "environ": env, "libraries": libs, "exe": exe, "cgroup": cgroup, "cpu_max": cpu_max,
+            "cpus_online": procfs.try_read_text(root, "sys/devices/system/cpu/online"),
+            "target_exited_unix": target_exited_unix, "threads_at_start": n_threads,
+            "processes_not_followed": follow.not_followed, "comms": follow.comms,
+            **({"oncpu": oncpu} if oncpu is not None else {}),
+            **({"oncpu_unavailable": sampler.reason} if sampler is not None and sampler.reason else {}),
+        }))
+        if follow.not_followed:
+            rec.capture.meta["processes_not_followed"] = follow.not_followed
+
+    def _watch(self, spec: WatchSpec, rec: Recorder, deadline_monotonic: float, follow: "_Followed",
+               tree0: list[tuple[int, int]], t0: float, env: dict[str, Any],
+               parents: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], float | None]:
+        """List the tree every 0.5 s until the window ends or the target exits; the end snapshot."""
+        root = spec.root
         timeline: list[dict[str, Any]] = [follow.row(t0, tree0)]
         target_exited_unix = None
         while not rec.stop.is_set() and time.monotonic() < deadline_monotonic:
@@ -214,19 +254,7 @@ class ProcessProbe(Probe):
         tree1 = follow.keep(self._tree(spec) if os.path.isdir(procfs.path(root, f"proc/{spec.pid}")) else [])
         for p, pp in tree1:
             parents.setdefault(str(p), pp)
-        snap1 = self._snapshot(spec, tree1)
-        n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
-        rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
-                 "{stat,status,cmdline,environ*,task/*/{stat,status,schedstat}}", 0, t0, time.time() - t0)
-        rec.add("snapshots.json", json.dumps({
-            "pid": spec.pid, "start": snap0, "end": snap1, "timeline": timeline, "parents": parents,
-            "environ": env, "libraries": libs, "exe": exe, "cgroup": cgroup, "cpu_max": cpu_max,
-            "cpus_online": procfs.try_read_text(root, "sys/devices/system/cpu/online"),
-            "target_exited_unix": target_exited_unix, "threads_at_start": n_threads,
-            "processes_not_followed": follow.not_followed, "comms": follow.comms,
-        }))
-        if follow.not_followed:
-            rec.capture.meta["processes_not_followed"] = follow.not_followed
+        return self._snapshot(spec, tree1), timeline, target_exited_unix
 
     @staticmethod
     def parse(capture: Capture) -> ProcessEvidence:
@@ -402,7 +430,19 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         "reaped_children_cores": None if reaped is None else round(reaped / window_s, 4),
         "threads_at_start": d.get("threads_at_start"),
         "total_cpu_cores": round(sum((pr.get("cpu_seconds") or 0.0) for pr in processes) / window_s, 4),
+        **_oncpu_evidence(d),
     }
+
+
+def _oncpu_evidence(d: dict[str, Any]) -> dict[str, Any]:
+    raw = d.get("oncpu")
+    if raw is None:
+        return {"oncpu_unavailable": d["oncpu_unavailable"]} if d.get("oncpu_unavailable") else {}
+    threads = {tid: {"samples": int(v[0]), "kernel": int(v[1]), "openmp": int(v[2])}
+               for tid, v in (raw.get("threads") or {}).items()}
+    return {"oncpu": {"threads": threads, "period_ms": float(raw.get("period_ms") or 0.0),
+                      "lost": int(raw.get("lost") or 0), "user_only": bool(raw.get("user_only")),
+                      "openmp_runtime": list(raw.get("openmp_runtime") or [])}}
 
 
 def _kb_to_mb(v: str | None) -> float | None:

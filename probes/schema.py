@@ -86,7 +86,22 @@ class WorkerChurn(TypedDict):
     vanished: List[int]
 
 
-class ProcessEvidence(TypedDict):
+class OnCpuThread(TypedDict):
+    samples: int                            # CPU-clock samples of the thread (one per 10 ms of its CPU)
+    kernel: int                             # ... in the kernel
+    openmp: int                             # ... in an OpenMP runtime's code (spinning, waiting at a barrier)
+
+
+class OnCpu(TypedDict):
+    """Where the training process's threads spent their CPU, by library (probes/support/oncpu.py)."""
+    threads: Dict[str, OnCpuThread]         # tid -> its samples
+    period_ms: float
+    lost: int
+    user_only: bool                         # samples in the kernel were not taken (an unprivileged caller)
+    openmp_runtime: List[str]               # the OpenMP runtime(s) mapped
+
+
+class _ProcessEvidenceSeen(TypedDict):
     pid: int
     window_s: float
     target_exited: bool
@@ -108,6 +123,11 @@ class ProcessEvidence(TypedDict):
     reaped_children_cores: Optional[float]  # ... over the window; None in captures without it
     threads_at_start: Optional[int]
     total_cpu_cores: float
+
+
+class ProcessEvidence(_ProcessEvidenceSeen, total=False):
+    oncpu: OnCpu                            # captures from 2026-12-04 on, where an OpenMP runtime is mapped
+    oncpu_unavailable: str                  # ... why the samples could not be taken
 
 
 # -- pyspy ---------------------------------------------------------------------------------------

@@ -191,6 +191,7 @@ class Step:
     binding: str                           # the term that sets the middle estimate
     terms: dict[str, float] = field(default_factory=dict)   # every term at the middle estimate
     oversubscribed: bool = False           # the fix puts more busy threads than CPUs
+    capped: bool = False                   # the fix caps the loop's intra-op threads below its cores
 
     @property
     def speedup(self) -> float:
@@ -250,6 +251,9 @@ class StepModel:
     f_eval: float = 0.0                # the loop waited on or loaded from loaders that do not train (an
                                        # evaluation pass's): a data fix to the training loader leaves it
     eval_passes: int = 0               # separate passes of the loop over such loaders in the window
+    par_measured: tuple[float, float, float] | None = None   # e from the threads' CPU samples (lo, mid, hi)
+    par_basis: str = ""                # ... in words
+    team_cpu: float | None = None      # cores the loop's other intra-op threads used (samples: work, spin, kernel)
 
     @property
     def f(self) -> float:
@@ -345,12 +349,36 @@ class StepModel:
         held = max(min(n + workers, free), 0.05)
         # The CPU the job needs after the cap: today's, less what the capped-away threads spent beyond
         # their parallel speed (par_eff: all of it useful at e = 1).
-        e = cal.par_eff[SCENARIOS.index(sc)]
-        useful = self.u - (1.0 - e) * max(self.loop_cores - n, 0.0) * self.c
+        e = self.par(sc, cal)
+        useful = self.u - (1.0 - e) * max(self.loop_cores - n, 0.0) * self.c - self.spin_beyond(n)
         f = (1.0 - self.sigma(sc, cal)) * max(useful, 0.05) / held
         if sc == "hi" and self.shared():
             f *= 1.0 + CAP_SHARED_LOSS
+        # However many CPUs the job holds, its compute runs on n threads: it takes at least its work,
+        # (C - r) on the loop's thread plus e (L - 1) C on the others (r its wait for a CPU today),
+        # at n threads' parallel speed (pytorch/examples' DCGAN on 2 CPUs, two intra-op threads and
+        # a worker capped to one thread: the CPU accounting alone printed 1.22x, 1.01x measured).
+        if self.c > 0.05 and self.loop_cores > n:
+            work = max(self.c - min(self.r_loop, self.c), 0.02) + e * (self.loop_cores - 1.0) * self.c
+            f = max(f, work / (1.0 + e * max(n - 1, 0)) / self.c)
         return f
+
+    def par(self, sc: str, cal: Calibration) -> float:
+        """The intra-op team's parallel efficiency e: measured from its threads' CPU samples where the
+        window has them (par_measured), else the calibration's par_eff."""
+        i = SCENARIOS.index(sc)
+        return self.par_measured[i] if self.par_measured is not None else cal.par_eff[i]
+
+    def spin_beyond(self, n: int, c: float | None = None) -> float:
+        """Cores of the measured team's CPU beyond (L - 1) C that a cap to n threads removes: spinning
+        outside the compute (after each parallel region, while the loop loads or waits), which
+        /proc's L, held to the busy threads, does not count; it goes with the capped threads. 0
+        without the threads' CPU samples."""
+        if self.team_cpu is None or self.loop_cores <= 1.0 or n >= self.loop_cores:
+            return 0.0
+        c = self.c if c is None else c
+        excess = max(self.team_cpu - (self.loop_cores - 1.0) * c, 0.0)
+        return excess * (self.loop_cores - n) / (self.loop_cores - 1.0)
 
     def efficiency(self, w: int, sc: str, cal: Calibration) -> float:
         """e(W): each worker's rate at W workers over today's, 1 / (1 + a max(0, W - max(W_now, 1)) / P)."""
@@ -422,9 +450,10 @@ class StepModel:
             # (With the run-queue wait removed, cap_factor has the cap's CPU accounting.)
             # Capped from L cores to n: the compute takes (1 + e (L - 1)) / (1 + e (n - 1)) as long, and
             # uses n cores instead of L while it runs (the CPU the other threads spun or worked with).
-            e = cal.par_eff[i]
+            e = self.par(sc, cal)
             grow = (1.0 + e * (self.loop_cores - 1.0)) / (1.0 + e * (n - 1.0))
             cap_du = c * (grow * n - self.loop_cores)
+            cap_du -= self.spin_beyond(n, c)
             loop *= grow
         if self.p and w > self.w_now:
             # Busy workers share the loop's CPUs: its time grows by beta W / P (all W workers: today's
@@ -524,7 +553,8 @@ class StepModel:
         lo = self._at(ch, "lo", cal)[0]
         hi = self._at(ch, "hi", cal)[0]
         lo, hi = min(lo, mid), max(hi, mid)
-        return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over)
+        capped = ch.intra_threads is not None and ch.intra_threads < self.loop_cores
+        return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over, capped)
 
     # -- words ------------------------------------------------------------------------------------
 
@@ -558,6 +588,8 @@ class StepModel:
             if pin >= 0.01:
                 kept.append(f"the pin-memory thread's {100 * pin:.0f}% under the GIL")
         inside = (", which keeps " + " and ".join(kept)) if kept else ""
+        if step.capped and self.par_measured is not None and self.par_basis:
+            inside += f"; with fewer intra-op threads the loop's compute takes longer: {self.par_basis}"
         if self.f_eval >= 0.01 and self.eval_passes == 1:
             inside += (f"; the window caught one evaluation pass, cut by its edge, and cannot tell that pass's "
                        f"share of the job: the step is the geometric mean of keeping its {100 * self.f_eval:.0f}% "
@@ -583,6 +615,8 @@ class StepModel:
              "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
              "eval_passes": self.eval_passes,
              "f_first": round(self.f_first, 4),
+             "par_measured": None if self.par_measured is None else [round(x, 3) for x in self.par_measured],
+             "team_cpu": None if self.team_cpu is None else round(self.team_cpu, 3),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -788,6 +822,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
                      if t["tid"] == me["pid"] or (t.get("name") or "").startswith(DEVICE_THREAD))
         m.wait_cpu = max(0.0, serial - m.f_load - m.c)
     m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
+    _measured_par(proc, me, m, win)
     churn = proc.get("worker_churn", {}) or {}
     m.recreated = bool(churn.get("appeared") or churn.get("vanished"))
     m.worker_cores = worker_cores
@@ -795,6 +830,46 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     m.switch_rate = _switch_rate(me, win)
     libs = " ".join(proc.get("libraries") or [])
     m.openmp = "libiomp" if "libiomp" in libs else ("libgomp" if "libgomp" in libs else None)
+
+
+PAR_MARGIN = 0.10            # the measured e's interval beyond its sampling error: a thread alone may
+                             # run the team's work at another pace (its caches, no barrier hand-offs)
+PAR_MIN_SAMPLES = 50         # the team's threads' samples needed to measure e (0.5 s of their CPU)
+
+
+def _measured_par(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: float) -> None:
+    """e, the intra-op team's parallel efficiency, from where its threads spent their CPU (the
+    process probe's CPU-clock samples by library): compute capped to one thread takes the work the
+    loop thread did outside the OpenMP runtime plus the work the other team threads did outside it,
+    so 1 + e (L - 1) = 1 + (u_team - g_loop) / C, u_team the others' cores of work (their samples
+    outside the runtime and the kernel), g_loop the loop thread's cores in the runtime (waiting at
+    its barriers for them). A team thread is one that ran the OpenMP runtime's code."""
+    oc = proc.get("oncpu") or {}
+    threads = oc.get("threads") or {}
+    if not threads or not win or m.loop_cores < 1.1 or m.c <= 0.05 or me.get("pid") != proc.get("pid"):
+        return
+    names = {str(t["tid"]): (t.get("name") or "") for t in me.get("threads") or []}
+    period = float(oc.get("period_ms") or 10.0) / 1000.0
+    main = threads.get(str(me["pid"]))
+    team = [v for tid, v in threads.items() if tid != str(me["pid"]) and v["openmp"] > 0
+            and not any(p in names.get(tid, "") for p in PIN_THREAD)
+            and not names.get(tid, "").startswith(DEVICE_THREAD)]
+    if main is None or not team:
+        return
+    work = sum(v["samples"] - v["kernel"] - v["openmp"] for v in team)
+    if sum(v["samples"] for v in team) < PAR_MIN_SAMPLES:
+        return
+    g_loop = main["openmp"]
+    den = m.c * (m.loop_cores - 1.0) * win / period      # samples of C (L - 1)
+    e = (work - g_loop) / den
+    err = SAMPLE_Z * math.sqrt(work + g_loop) / den + PAR_MARGIN
+    mid = min(max(e, 0.0), 1.0)
+    m.par_measured = (max(mid - err, 0.0), mid, min(mid + err, 1.0))
+    m.team_cpu = sum(v["samples"] for v in team) * period / win
+    spun = sum(v["openmp"] for v in team) / max(sum(v["samples"] for v in team), 1)
+    m.par_basis = (f"its other intra-op threads worked {work * period / win:.2f} cores and spun or waited in the "
+                   f"OpenMP runtime {100 * spun:.0f}% of their CPU, the loop thread waited there "
+                   f"{g_loop * period / win:.2f} cores (CPU-clock samples): e = {mid:.2f}")
 
 
 def _others(ev: Evidence, job_cores: float) -> float | None:
