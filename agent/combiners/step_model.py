@@ -49,7 +49,9 @@ CPU-seconds after the cap. It shortens the loop's time only by the share sigma o
 time that was waste (a thread spinning while its peers wait, the cache refilled after each
 preemption), and lengthens it where the job held fewer CPUs than it will (U / H', H' the CPUs it
 holds after the cap: its threads and workers, at most P less what other processes take):
-    loop' = loop (1 - sigma) U / H'.
+    loop' = loop (1 - sigma) U / H',
+never less than its compute's work at the n threads' parallel speed, ((C - r) + e (L - 1) C) /
+(1 + e (n - 1)) (e measured from the threads' CPU-clock samples, else par_eff).
 sigma is read from the team's involuntary context switches per held core (each costs
 SWITCH_COST_S of refill and re-wait: a preempted spinner or a thread woken into a busy CPU), at
 most SIGMA_MAX; the probes cannot tell a spinning thread from a working one, so the interval runs
