@@ -23,6 +23,7 @@ from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.support import oncpu as oncpu_mod
+from trainprobe.probes.support import stepcount
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
@@ -164,6 +165,18 @@ def _start_oncpu(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "oncpu_mo
         return oncpu_mod.Sampler(reason=f"perf_event_open failed ({e})")
 
 
+def _start_stepcount(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "stepcount.Counter | None":
+    """Count the training process's backward passes where it maps torch (the step's length); None
+    where it maps no torch."""
+    if stepcount.library_path(maps) is None or spec.root not in ("", "/"):
+        return None
+    tids = sorted(int(t) for t in (snap0["procs"].get(str(spec.pid)) or {}).get("tasks", {}))
+    try:
+        return stepcount.start(tids, maps)
+    except OSError as e:
+        return stepcount.Counter(f"perf_event_open's uprobe failed ({e})")
+
+
 class ProcessProbe(Probe):
     name = "process"
     description = "process tree, threads, per-thread CPU, context switches, affinity (from /proc)"
@@ -215,11 +228,16 @@ class ProcessProbe(Probe):
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
         sampler = _start_oncpu(spec, snap0, maps)
+        counter = None
         try:
+            counter = _start_stepcount(spec, snap0, maps)
             snap1, timeline, target_exited_unix = self._watch(spec, rec, deadline_monotonic, follow, tree0, t0,
                                                               env, parents)
         finally:
-            oncpu = oncpu_mod.read(sampler) if sampler is not None and not sampler.reason else None
+            try:
+                oncpu = oncpu_mod.read(sampler) if sampler is not None and not sampler.reason else None
+            finally:
+                backward = stepcount.read(counter) if counter is not None and not counter.reason else None
         n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
         rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
                  "{stat,status,cmdline,environ*,task/*/{stat,status,schedstat}}", 0, t0, time.time() - t0)
@@ -231,6 +249,8 @@ class ProcessProbe(Probe):
             "processes_not_followed": follow.not_followed, "comms": follow.comms,
             **({"oncpu": oncpu} if oncpu is not None else {}),
             **({"oncpu_unavailable": sampler.reason} if sampler is not None and sampler.reason else {}),
+            **({"backward": backward} if backward is not None else {}),
+            **({"backward_unavailable": counter.reason} if counter is not None and counter.reason else {}),
         }))
         if follow.not_followed:
             rec.capture.meta["processes_not_followed"] = follow.not_followed
@@ -433,7 +453,20 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         "threads_at_start": d.get("threads_at_start"),
         "total_cpu_cores": round(sum((pr.get("cpu_seconds") or 0.0) for pr in processes) / window_s, 4),
         **_oncpu_evidence(d),
+        **_backward_evidence(d),
     }
+
+
+def _backward_evidence(d: dict[str, Any]) -> dict[str, Any]:
+    raw = d.get("backward")
+    if raw is None:
+        return {"backward_unavailable": d["backward_unavailable"]} if d.get("backward_unavailable") else {}
+    calls = {tid: int(n) for tid, n in (raw.get("calls") or {}).items()}
+    seconds = float(raw.get("seconds") or 0.0)
+    total = sum(calls.values())
+    return {"backward": {"calls": total, "seconds": seconds,
+                         "per_s": round(total / seconds, 2) if seconds > 0 else 0.0,
+                         "threads": {tid: n for tid, n in calls.items() if n}}}
 
 
 def _oncpu_evidence(d: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,15 @@ class OnCpu(TypedDict):
     openmp_runtime: List[str]               # the OpenMP runtime(s) mapped
 
 
+class BackwardCalls(TypedDict):
+    """The training process's backward passes in the window, counted at torch's autograd engine
+    (probes/support/stepcount.py): one per step of a loop that calls backward once a batch."""
+    calls: int                              # torch::autograd::Engine::execute entries, all threads
+    seconds: float                          # how long the counters ran
+    per_s: float
+    threads: Dict[str, int]                 # tid -> its calls (threads with none left out)
+
+
 class _ProcessEvidenceSeen(TypedDict):
     pid: int
     window_s: float
@@ -128,6 +137,8 @@ class _ProcessEvidenceSeen(TypedDict):
 class ProcessEvidence(_ProcessEvidenceSeen, total=False):
     oncpu: OnCpu                            # captures from 2026-12-04 on, where an OpenMP runtime is mapped
     oncpu_unavailable: str                  # ... why the samples could not be taken
+    backward: BackwardCalls                 # captures from 2026-12-05 on, where torch is mapped
+    backward_unavailable: str               # ... why they could not be counted
 
 
 # -- pyspy ---------------------------------------------------------------------------------------

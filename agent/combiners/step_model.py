@@ -105,6 +105,13 @@ class Calibration:
                 1.78-1.95x); the optimistic end keeps all of it. The same holds where the step's
                 forward runs a recurrent module (nn.LSTM, GRU, RNN: dynamo graph-breaks around it by
                 default): pytorch/examples' word-level LSTM measured 0.87x for a predicted 1.86x
+    handoff_ms  what handing one batch from a worker to the loop costs the loop's thread (the queue's read,
+                unpickling, each tensor's storage fetched from the worker's fd-sharing thread and mapped),
+                in ms of CPU; a prior measured by benchmarks/bench_handoff.py (MNIST-shaped batches of
+                32 on the 2-CPU machine: 0.66 and 1.09 ms in two runs hours apart, the VM's speed
+                moving), not fitted; the ends cover a faster host and a slower hour
+    handoff_worker_ms  what sending it costs the worker beyond k times the loading (pickling, its
+                queue's feeder thread, the fd-sharing thread): 0.89 and 1.72 ms measured there
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
                 with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
                 from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
@@ -121,6 +128,8 @@ class Calibration:
     compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
     compile_multi: tuple[float, float, float] = (1.0, 0.0, 0.0)
     par_eff: tuple[float, float, float] = (0.0, 0.2, 1.0)
+    handoff_ms: tuple[float, float, float] = (0.4, 0.85, 1.3)
+    handoff_worker_ms: tuple[float, float, float] = (0.6, 1.2, 2.0)
 
 
 CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
@@ -256,6 +265,7 @@ class StepModel:
     par_measured: tuple[float, float, float] | None = None   # e from the threads' CPU samples (lo, mid, hi)
     par_basis: str = ""                # ... in words
     team_cpu: float | None = None      # cores the loop's other intra-op threads used (samples: work, spin, kernel)
+    step_s: float | None = None        # seconds a training step takes (the window's backward passes), None unknown
 
     @property
     def f(self) -> float:
@@ -309,6 +319,17 @@ class StepModel:
         # (the threads' CPU inside an evaluation pass's wait is in f_eval, which stays whole)
         share = self.f_wait / (self.f_wait + self.f_eval) if self.f_wait + self.f_eval > 0 else 1.0
         return min(self.wait_cpu * share, self.f_wait)
+
+    def batch_handoff(self, sc: str, cal: Calibration) -> tuple[float, float]:
+        """(loop, worker) shares of today's step that handing each batch from a worker costs, where the
+        loop loads its own batches today and its step's length is measured: handoff_ms and
+        handoff_worker_ms over the step. Per batch, not per second of loading: on a job of 8 ms steps
+        a large part of the step, on one of 100 ms steps a small one. (0, 0) where the loop already
+        has workers (today's step pays it) or the step's length is unknown (k carries it)."""
+        if not self.d_inloop or not self.step_s:
+            return 0.0, 0.0
+        i = SCENARIOS.index(sc)
+        return cal.handoff_ms[i] / 1000.0 / self.step_s, cal.handoff_worker_ms[i] / 1000.0 / self.step_s
 
     def first_wait(self, sc: str) -> float:
         """The wait for the first batch of each epoch's freshly started workers (py-spy: the loop's
@@ -474,6 +495,9 @@ class StepModel:
             # Workers re-created in the window lived between the process probe's readings: their CPU is
             # a lower bound. At most each of today's workers was busy the whole step (D <= W_now).
             d = max(d, float(self.w_now) * ch.sample_cost)
+        hand_l, hand_w = self.batch_handoff(sc, cal) if w > 0 else (0.0, 0.0)
+        # The worker's CPU a batch over the loop's loading: k a second of loading (the same Python runs
+        # slower in a worker), plus, with the step's length measured, handoff_worker_ms a batch (hand_w).
         k = cal.handoff_k[i] / CAL_MID_K if self.d_inloop else 1.0
         terms: dict[str, float] = {}
         workers_same = (w == self.w_now and ch.sample_cost == 1.0)
@@ -492,15 +516,19 @@ class StepModel:
             keeps_wait = (workers_same and not ch.persistent and not ch.pin_memory and ch.gil_step is None
                           and ch.others_removed is None and not ch.runq_removed)
             terms["loop"] = (loop + (self.f_wait if keeps_wait else self.handoff(sc) + self.first_wait(sc))
-                             + self.pin_serial(sc, keeps_wait))
-            terms["data"] = k * d / (w * eff) if d > 0 else 0.0
+                             + self.pin_serial(sc, keeps_wait) + hand_l)
+            # Part of each batch's receive is serial with its worker: the loop fetches each tensor's
+            # storage from the worker's fd-sharing thread, a Python thread that waits for the worker's
+            # GIL (benchmarks/bench_handoff.py: with nothing else to do, a batch came every L1 +
+            # HANDOFF_SERIAL h_loop, L1 the worker's CPU a batch).
+            terms["data"] = (k * d + hand_w + HANDOFF_SERIAL * hand_l) / (w * eff) if d > 0 else 0.0
             if self.pin_cores > 0 and not self.d_inloop:
                 # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
                 terms["pin"] = self.pin_cores
         if self.p > 0 and not ch.runq_removed:
             # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
             if self.d_inloop and w > 0:
-                u = self.u - self.f_load + k * d / eff
+                u = self.u - self.f_load + (k * d + hand_w) / eff + hand_l
             else:
                 u = self.u - (1.0 - ch.sample_cost) * min(self.d, self.u)
                 if w > self.w_now and self.worker_cores > 0:
@@ -590,6 +618,12 @@ class StepModel:
             if pin >= 0.01:
                 kept.append(f"the pin-memory thread's {100 * pin:.0f}% under the GIL")
         inside = (", which keeps " + " and ".join(kept)) if kept else ""
+        hand_l, hand_w = self.batch_handoff("mid", CAL)
+        if hand_l > 0 and step.binding in ("loop", "data", "cpu"):
+            inside += (f"; its steps take {1000 * self.step_s:.1f} ms (backward passes counted), and handing each "
+                       f"batch from a worker costs the loop about {CAL.handoff_ms[1]:g} ms and the worker "
+                       f"{CAL.handoff_worker_ms[1]:g} ms beyond the loading ({100 * hand_l:.0f}% and "
+                       f"{100 * hand_w:.0f}% of today's step), one after the other")
         if step.capped and self.par_measured is not None and self.par_basis:
             inside += f"; with fewer intra-op threads the loop's compute takes longer: {self.par_basis}"
         if self.f_eval >= 0.01 and self.eval_passes == 1:
@@ -619,6 +653,7 @@ class StepModel:
              "f_first": round(self.f_first, 4),
              "par_measured": None if self.par_measured is None else [round(x, 3) for x in self.par_measured],
              "team_cpu": None if self.team_cpu is None else round(self.team_cpu, 3),
+             "step_s": None if self.step_s is None else round(self.step_s, 5),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
             d["after"] = {"step": round(step.mid, 4), "step_range": [round(step.lo, 4), round(step.hi, 4)],
@@ -634,6 +669,8 @@ MEASURED_WORKER_RATES = ("the ledger's jobs raised from 2 to 15 workers on 16 CP
                          "on JPEG files, 15 batches an epoch: each epoch's first batch waits for one worker), 0.62 "
                          "and at least 0.83 (two FakeData pipelines); timm's JPEG loader kept 0.88 at 12 workers "
                          "on 156-batch epochs")
+HANDOFF_SERIAL = 0.5          # the share of the loop's receive a worker's batches wait for (2.60 ms a batch for
+                              # 2.07 + 0.99, 7.82 for 7.23 + 1.19: bench_handoff.py, 2026-12-05)
 CAL_MID_K = 1.5               # D measured in the loop carries this middle k (scaled to the range)
 
 
@@ -825,6 +862,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
         m.wait_cpu = max(0.0, serial - m.f_load - m.c)
     m.loop_cores = max(1.0, min((team_cores - m.f_load) / m.c, float(busy), m.p_allowed or busy))
     _measured_par(proc, me, m, win)
+    m.step_s = _step_length(proc, me, m, win)
     churn = proc.get("worker_churn", {}) or {}
     m.recreated = bool(churn.get("appeared") or churn.get("vanished"))
     m.worker_cores = worker_cores
@@ -872,6 +910,23 @@ def _measured_par(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: f
     m.par_basis = (f"its other intra-op threads worked {work * period / win:.2f} cores and spun or waited in the "
                    f"OpenMP runtime {100 * spun:.0f}% of their CPU, the loop thread waited there "
                    f"{g_loop * period / win:.2f} cores (CPU-clock samples): e = {mid:.2f}")
+
+
+STEP_MIN_CALLS = 10          # backward passes in the window needed to time the step
+
+
+def _step_length(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: float) -> float | None:
+    """Seconds a training step takes: the time the window spent training (less an evaluation pass's
+    share, which runs no backward) over its backward passes (the process probe's count at torch's
+    autograd engine). A loop that calls backward several times a batch (a GAN's discriminator and
+    generator) counts each: its step reads shorter than it is. None without the count, or with fewer
+    than STEP_MIN_CALLS."""
+    bw = proc.get("backward") or {}
+    calls = int(bw.get("calls") or 0)
+    seconds = float(bw.get("seconds") or win or 0.0)
+    if calls < STEP_MIN_CALLS or seconds <= 0 or me.get("pid") != proc.get("pid"):
+        return None
+    return seconds * max(1.0 - m.f_eval, 0.05) / calls
 
 
 def _others(ev: Evidence, job_cores: float) -> float | None:
