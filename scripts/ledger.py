@@ -621,6 +621,7 @@ def to_tests(led: dict[str, Any], bundle_dirs: dict[str, Path]) -> dict[str, Any
 # middle values; the optimistic and pessimistic ends stay as they are.
 HELDOUT_GRID = {
     "handoff_k": (1.0, 1.25, 1.5, 2.0),
+    "handoff_k_timed": (1.0, 1.13, 1.25, 1.5),
     "a_pin": (0.6, 0.77, 0.9, 1.0),
     "churn_m": (1.5, 2.3, 3.0),
     "scale_a": (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0),

@@ -110,6 +110,11 @@ class Calibration:
                 in ms of CPU; a prior measured by benchmarks/bench_handoff.py (MNIST-shaped batches of
                 32 on the 2-CPU machine: 0.66 and 1.09 ms in two runs hours apart, the VM's speed
                 moving), not fitted; the ends cover a faster host and a slower hour
+    handoff_k_timed  k where the step's length is measured and the per-batch costs below are
+                charged apart: only how much slower the same loading runs in a worker (1.13 measured
+                by benchmarks/bench_handoff.py for pure-Python items; fitted held out on the rows
+                that have the step's length). handoff_k, fitted on rows without it, carries the
+                per-batch costs as well
     handoff_worker_ms  what sending it costs the worker beyond k times the loading (pickling, its
                 queue's feeder thread, the fd-sharing thread): 0.89 and 1.72 ms measured there
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
@@ -128,6 +133,7 @@ class Calibration:
     compile_fusion: tuple[float, float, float] = (0.5, 1.0, 1.0)
     compile_multi: tuple[float, float, float] = (1.0, 0.0, 0.0)
     par_eff: tuple[float, float, float] = (0.0, 0.2, 1.0)
+    handoff_k_timed: tuple[float, float, float] = (1.0, 1.13, 2.0)
     handoff_ms: tuple[float, float, float] = (0.4, 0.85, 1.3)
     handoff_worker_ms: tuple[float, float, float] = (0.6, 1.2, 2.0)
 
@@ -325,8 +331,10 @@ class StepModel:
         loop loads its own batches today and its step's length is measured: handoff_ms and
         handoff_worker_ms over the step. Per batch, not per second of loading: on a job of 8 ms steps
         a large part of the step, on one of 100 ms steps a small one. (0, 0) where the loop already
-        has workers (today's step pays it) or the step's length is unknown (k carries it)."""
-        if not self.d_inloop or not self.step_s:
+        has workers (today's step pays it) or the step's length is unknown (k carries it), and where
+        the loop calls its modules from several places in turn (a GAN: several backward passes a
+        batch, so the count does not time a batch)."""
+        if not self.d_inloop or not self.step_s or self.interleaved_calls:
             return 0.0, 0.0
         i = SCENARIOS.index(sc)
         return cal.handoff_ms[i] / 1000.0 / self.step_s, cal.handoff_worker_ms[i] / 1000.0 / self.step_s
@@ -498,7 +506,10 @@ class StepModel:
         hand_l, hand_w = self.batch_handoff(sc, cal) if w > 0 else (0.0, 0.0)
         # The worker's CPU a batch over the loop's loading: k a second of loading (the same Python runs
         # slower in a worker), plus, with the step's length measured, handoff_worker_ms a batch (hand_w).
-        k = cal.handoff_k[i] / CAL_MID_K if self.d_inloop else 1.0
+        if self.d_inloop:
+            k = (cal.handoff_k_timed[i] if hand_w > 0 else cal.handoff_k[i]) / CAL_MID_K
+        else:
+            k = 1.0
         terms: dict[str, float] = {}
         workers_same = (w == self.w_now and ch.sample_cost == 1.0)
         eff = self.efficiency(w, sc, cal)

@@ -112,6 +112,11 @@ NO_GAIN_YET = {
                                  "hands a batch from the worker to the loop (its feeder and fd-sharing threads, "
                                  "the loop's receive, about 2 ms), a round trip the window cannot size without "
                                  "the step's length (docs/ledger.md)",
+    "lightning-backbone-cpu-r3": "the same job with its step's length counted (7.1 ms: backward passes at torch's "
+                                 "autograd engine) and the per-batch hand-off charged (bench_handoff.py's priors: "
+                                 "12% of the step in the loop, 17% in the worker): 1.28x printed (0.79-1.62x), "
+                                 "1.03x measured (0.86-1.40x over 8 pairs), inside the printed interval; the "
+                                 "window held a validation pass (22% of it), kept whole in the step",
 }
 
 
