@@ -75,9 +75,10 @@ def test_the_handoff_costs_a_short_step_more_than_a_long_one():
     fix = Change(workers=1, persistent=True)
     short, long_, unknown = (_loading_loop(s).after(fix) for s in (0.008, 0.100, None))
     # 8 ms steps: about 0.85 + 1.2 ms of each step's 8 go to handing the batch over
-    assert short.speedup < long_.speedup < unknown.speedup + 1e-9
+    assert short.speedup < 0.9 * long_.speedup
     assert short.binding == "data"
-    assert long_.speedup / unknown.speedup > 0.95      # at 100 ms it hardly matters
+    # at 100 ms it hardly matters: the step's length only swaps k for handoff_k_timed and the hand-off
+    assert abs(long_.speedup / unknown.speedup - 1.0) < 0.12
 
 
 def test_a_loop_with_workers_already_pays_the_handoff_today():
