@@ -6,8 +6,7 @@ receiving each one (the queue's read, unpickling, each tensor's storage fetched 
 fd-sharing thread and mapped), and the worker pays for sending it beside the loading. Those costs are
 per batch, not per second of loading: on a job of 8 ms steps they are a large part of the step, on
 one of 100 ms steps a small one. The step model (agent/combiners/step_model.py: handoff_ms,
-handoff_worker_ms) takes its priors from this benchmark; k (handoff_k) is fitted held out on the
-ledgers, and this benchmark reports the value it sees beside it.
+handoff_worker_ms, and handoff_k_timed's prior) takes its priors from this benchmark.
 
 The dataset is MNIST-shaped, as torchvision's and Lightning's demos' MNIST hand it out: a
 (1, 28, 28) float tensor and an int label per item, batch 32 (two tensors a batch), each item
@@ -19,7 +18,7 @@ ToTensor cost on the 2-CPU machine). One intra-op thread. Two parts, each repeat
           process's CPU a batch, all its threads (L1). Over the two item costs, L1 = k L0 + h_worker.
   shapes  the loop also computes COMP_MS a step (matrix products): the step at W=0 and W=1 and their
           ratio, beside what the step model predicts for it from the measured shares (its data,
-          loop and CPU terms with this run's h_loop and h_worker and the calibrated k)
+          loop and CPU terms with this run's h_loop and h_worker and the calibrated handoff_k_timed)
 
     python benchmarks/bench_handoff.py [--reps 5] [--batches 300] [--out DIR]
 """
@@ -161,7 +160,7 @@ def main() -> int:
             steps1.append(timed(it1, 150, c, True)["wall_ms"])
         l0 = statistics.median(steps0) - comp
         meas = statistics.median(steps0) / statistics.median(steps1)
-        pred = predicted(l0, comp, h_loop, h_worker, CAL.handoff_k[1])
+        pred = predicted(l0, comp, h_loop, h_worker, CAL.handoff_k_timed[1])
         pred_rate = predicted(l0, comp, 0.0, 0.0, CAL.handoff_k[1])
         shapes.append({"item_us": us, "compute_ms": comp, "step0_ms": round(statistics.median(steps0), 3),
                        "step1_ms": round(statistics.median(steps1), 3), "measured": round(meas, 3),
@@ -172,7 +171,7 @@ def main() -> int:
     out = {"cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__, "reps": a.reps, "batches": a.batches,
            "costs": {str(us): rows for us, rows in costs.items()}, "summary": {str(us): s for us, s in summary.items()},
            "k": round(k, 3), "h_worker_ms": round(h_worker, 3), "h_loop_ms": round(h_loop, 3),
-           "k_calibrated": CAL.handoff_k[1], "shapes": shapes}
+           "k_calibrated": CAL.handoff_k_timed[1], "shapes": shapes}
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "handoff.json"), "w") as f:
