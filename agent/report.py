@@ -57,6 +57,8 @@ def target_facts(ev: Evidence) -> dict[str, Any]:
         "workers": workers,
         "requested_pid": ctx.get("requested_pid", ctx.get("pid")),
         "ranks": [{"pid": w["pid"]} for w in workers if w["role"] == "rank"],
+        # the training process's backward passes a second (process probe, torch's autograd engine)
+        "backward_per_s": (proc.get("backward") or {}).get("per_s"),
     }
 
 

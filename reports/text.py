@@ -112,7 +112,10 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
     lines.append(st.dim(f"threads: {tgt.get('threads')}; DataLoader workers: {len(workers)}"
                         + (f" ({', '.join(str(w['pid']) for w in workers[:8])}{' ...' if len(workers) > 8 else ''})"
                            if workers else "")
-                        + (f"; other children: {len(others)}" if others else "")))
+                        + (f"; other children: {len(others)}" if others else "")
+                        + (f"; {tgt['backward_per_s']:.3g} backward passes a second (a step of about "
+                           f"{1000.0 / tgt['backward_per_s']:.3g} ms where each step runs one)"
+                           if tgt.get("backward_per_s") else "")))
     gpu_line = _gpu_line(report.get("gpu"))
     if gpu_line:
         lines.append(st.dim(gpu_line))

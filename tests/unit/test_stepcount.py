@@ -93,3 +93,21 @@ def test_the_step_length_comes_from_the_backward_count():
     assert step_model._step_length(proc, {"pid": 7}, m, 5.0) == pytest.approx(5.0 * 0.8 / 400)
     assert step_model._step_length({"pid": 7, "backward": {"calls": 3, "seconds": 5.0}}, {"pid": 7}, m, 5.0) is None
     assert step_model._step_length({"pid": 7}, {"pid": 7}, m, 5.0) is None
+
+
+def test_a_bundle_with_the_count_reports_the_step_rate():
+    """A real capture (Lightning's backbone classifier on 2 CPUs, its backward passes counted): the
+    report's target carries the rate, the text report says it, and the plan's derivation times the
+    hand-off with it."""
+    import json
+    import sys
+    from tests.helpers import REPO
+    bundle = REPO / "tests" / "data" / "ledger" / "public" / "bundles" / "lightning-backbone-cpu-r3.tar.gz"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "trainprobe.agent", "report", str(bundle), *a],
+                                    capture_output=True, text=True, cwd=REPO)
+    rep = json.loads(run("--json").stdout)
+    assert 100 <= rep["target"]["backward_per_s"] <= 160, rep["target"]
+    assert "backward passes a second (a step of about" in run().stdout
+    plan = rep["plan"]
+    assert plan["details"]["step_s"] == pytest.approx(1.0 / rep["target"]["backward_per_s"] * 0.78, rel=0.1)
+    assert "handing each batch from a worker costs the loop" in plan["derivation"]
