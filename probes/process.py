@@ -172,7 +172,7 @@ def _start_stepcount(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "step
         return None
     tids = sorted(int(t) for t in (snap0["procs"].get(str(spec.pid)) or {}).get("tasks", {}))
     try:
-        return stepcount.start(tids, maps)
+        return stepcount.start(tids, maps, spec.pid)
     except OSError as e:
         return stepcount.Counter(f"perf_event_open's uprobe failed ({e})")
 

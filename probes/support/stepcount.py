@@ -112,12 +112,18 @@ def _attr(uprobe_type: int, path_buf: Any, offset: int) -> Any:
     return buf
 
 
-def start(tids: list[int], maps_text: str) -> Counter:
+def start(tids: list[int], maps_text: str, pid: int | None = None) -> Counter:
     """Open one counting uprobe event per thread (at most MAX_THREADS) at the autograd engine's entry;
-    a Counter with `reason` where none could be opened."""
+    a Counter with `reason` where none could be opened. The library is opened through the target's
+    root (/proc/PID/root: a job in a container maps its own torch, which the agent's mount namespace
+    may not have at that path, or have another one there); the kernel resolves the uprobe's path
+    the same way, to the inode the job runs."""
     path = library_path(maps_text)
     if path is None:
         return Counter("the process does not map torch's CPU library")
+    target_path = path
+    if pid is not None and os.path.exists(f"/proc/{pid}/root{path}"):
+        path = f"/proc/{pid}/root{path}"
     nr = SYSCALL_NR.get(os.uname().machine)
     if nr is None:
         return Counter(f"perf_event_open's number is not known on {os.uname().machine}")
@@ -138,7 +144,7 @@ def start(tids: list[int], maps_text: str) -> Counter:
     path_buf = ctypes.create_string_buffer(path.encode())
     attr = _attr(uprobe_type, path_buf, offset)
     c, first_err = Counter(), 0
-    c.library = path
+    c.library = target_path
     for tid in tids[:MAX_THREADS]:
         fd = libc.syscall(nr, attr, ctypes.c_int(tid), ctypes.c_int(-1), ctypes.c_int(-1), ctypes.c_ulong(0))
         if fd < 0:

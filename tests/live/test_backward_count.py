@@ -1,6 +1,7 @@
 """The loop's backward passes counted at torch's autograd engine (probes/support/stepcount.py, through
 the process probe): real torch processes started here, each making a known number of steps a second."""
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -79,3 +80,28 @@ def test_the_counter_leaves_nothing_behind():
 def test_no_torch_no_counter():
     c = stepcount.start([os.getpid()], "7f00-7f10 r-xp 0 08:01 1 /usr/lib/libc.so.6\n")
     assert c.reason == "the process does not map torch's CPU library" and not c.fds
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uprobe PMU needs root or CAP_PERFMON")
+@pytest.mark.skipif(not shutil.which("unshare"), reason="util-linux's unshare")
+def test_a_job_in_its_own_mount_namespace_is_counted(tmp_path):
+    """A job in a container maps a torch the agent's mount namespace does not have at that path: the
+    library is found through /proc/PID/root, and the uprobe lands on the inode the job runs."""
+    import torch
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    mnt = tmp_path / "site"
+    mnt.mkdir()        # empty here; torch is mounted on it inside the job's namespace only
+    inner = (f"mount --bind {site} {mnt} && PYTHONPATH={mnt} exec {sys.executable} -S -c \"$LOOP\" 100 main")
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+                         stdout=subprocess.PIPE, text=True, env=dict(os.environ, LOOP=LOOP))
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        maps = open(f"/proc/{p.pid}/maps").read()
+        assert f"{mnt}/torch/lib/libtorch_cpu" in maps and not (mnt / "torch").exists()
+        _, ev = run_probe(ProcessProbe(), p.pid, 3.0)
+    finally:
+        p.kill()
+        p.wait()
+    assert 85.0 <= ev["backward"]["per_s"] <= 105.0, ev.get("backward") or ev.get("backward_unavailable")
