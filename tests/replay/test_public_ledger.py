@@ -117,6 +117,12 @@ NO_GAIN_YET = {
                                  "12% of the step in the loop, 17% in the worker): 1.28x printed (0.79-1.62x), "
                                  "1.03x measured (0.86-1.40x over 8 pairs), inside the printed interval; the "
                                  "window held a validation pass (22% of it), kept whole in the step",
+    "lightning-backbone-cpu-r5": "the same job diagnosed after a 24 s warm-up (the harness's --warmup-scale 3): "
+                                 "1.26x printed (0.74-1.58x), 1.04x measured (0.90-1.12x over 10 pairs of 6 s "
+                                 "windows), inside the printed interval. Its diagnosis windows run it at 100-109 "
+                                 "steps/s where its timed windows run 140-148 (the optimizer-step hook and the "
+                                 "backward count agree within a window), a phase or an effect the shares do not "
+                                 "show (docs/ledger.md, fourth round)",
 }
 
 
@@ -136,14 +142,13 @@ def test_every_fix_printed_worth_acting_on_measured_a_gain():
 
 
 @pytest.mark.xfail(reason="two of the targets are not met on public code (2026-12-05, fourth round; held out, each "
-                          "job once: 24 of 30 within 0.8-1.25, median |log| 0.119): Lightning's basics jobs on "
-                          "8 ms steps spend their gain handing each batch from the worker to the loop, which the "
-                          "step model charges only in runs with the step's length counted (the backbone "
-                          "classifier's three runs on 2 CPUs 1.28, 1.79 and 1.24, the autoencoder's 1.11, 1.65 "
-                          "and 1.14; on the H200 1.73x for 1.21x before the count), timm's JPEG pipeline on "
-                          "15-batch epochs gains less from more workers than its steady step says (4.13x and "
-                          "4.06x for 2.50x and 2.66x), MNIST on 2 CPUs (1.01x for 0.79x in its first run), "
-                          "minGPT's chargpt compiled beat the capture estimate (1.91x for 2.89x) (docs/ledger.md)",
+                          "job once: 25 of 30 within 0.8-1.25, median |log| 0.119): Lightning's backbone "
+                          "classifier on 8 ms steps gains less from a worker than the model's hand-off leaves it "
+                          "(five runs on 2 CPUs 1.28, 1.79, 1.24, 1.32, 1.21; on the H200 1.73x for 1.21x before "
+                          "the step's length was counted), timm's JPEG pipeline on 15-batch epochs gains less "
+                          "from more workers than its steady step says (4.13x and 4.06x for 2.50x and 2.66x), "
+                          "MNIST on 2 CPUs (1.01x for 0.79x in its first run), minGPT's chargpt compiled beat the "
+                          "capture estimate (1.91x for 2.89x) (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
