@@ -40,6 +40,10 @@ The step after a fix is the largest of what stays in place:
     cpu    U' / P, the CPU the job needs after the fix over the CPUs it gets; with more workers the
            same batches cost D / e(W) CPU-seconds (the workers' CPU per batch at the higher rate),
     gpu    b, the GPU's own busy time.
+A loop that loads its own batches and is given workers trades loading for a per-batch hand-off
+where the step's length is measured (step_s, the window's backward passes): the loop's receive
+h_l / step_s joins its term, the worker's sending h_w / step_s and half the receive the data term
+(batch_handoff, docs/models.md).
 torch.compile of an eager model also fuses its kernels, which shortens the GPU's own time and the
 loop's by an amount no host evidence predicts: the interval's top lets both fall to compile_fusion's
 optimistic value of what launch capture alone leaves (the middle estimate assumes no fusion gain).
@@ -108,15 +112,15 @@ class Calibration:
     handoff_ms  what handing one batch from a worker to the loop costs the loop's thread (the queue's read,
                 unpickling, each tensor's storage fetched from the worker's fd-sharing thread and mapped),
                 in ms of CPU; a prior measured by benchmarks/bench_handoff.py (MNIST-shaped batches of
-                32 on the 2-CPU machine: 0.66 and 1.09 ms in two runs hours apart, the VM's speed
-                moving), not fitted; the ends cover a faster host and a slower hour
+                32 on the 2-CPU machine: 0.66, 1.09 and 0.90 ms in three runs hours apart, the VM's
+                speed moving), not fitted; the ends cover a faster host and a slower hour
     handoff_k_timed  k where the step's length is measured and the per-batch costs below are
                 charged apart: only how much slower the same loading runs in a worker (1.13 measured
                 by benchmarks/bench_handoff.py for pure-Python items; fitted held out on the rows
                 that have the step's length). handoff_k, fitted on rows without it, carries the
                 per-batch costs as well
     handoff_worker_ms  what sending it costs the worker beyond k times the loading (pickling, its
-                queue's feeder thread, the fd-sharing thread): 0.89 and 1.72 ms measured there
+                queue's feeder thread, the fd-sharing thread): 1.72 and 1.23 ms measured there
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
                 with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
                 from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
@@ -680,8 +684,8 @@ MEASURED_WORKER_RATES = ("the ledger's jobs raised from 2 to 15 workers on 16 CP
                          "on JPEG files, 15 batches an epoch: each epoch's first batch waits for one worker), 0.62 "
                          "and at least 0.83 (two FakeData pipelines); timm's JPEG loader kept 0.88 at 12 workers "
                          "on 156-batch epochs")
-HANDOFF_SERIAL = 0.5          # the share of the loop's receive a worker's batches wait for (2.60 ms a batch for
-                              # 2.07 + 0.99, 7.82 for 7.23 + 1.19: bench_handoff.py, 2026-12-05)
+HANDOFF_SERIAL = 0.5          # the share of the loop's receive a worker's batches wait for: a batch every L1 +
+                              # 0.38-0.65 h_l with nothing else to do (bench_handoff.py, three runs, 2026-12-05)
 CAL_MID_K = 1.5               # D measured in the loop carries this middle k (scaled to the range)
 
 
