@@ -26,12 +26,11 @@ import struct
 import time
 from typing import Any
 
+from trainprobe.probes.support.oncpu import ATTR_SIZE, MAX_THREADS, SYSCALL_NR
+
 ENGINE_EXECUTE = b"_ZN5torch8autograd6Engine7executeE"   # torch::autograd::Engine::execute(...)
 LIBRARY = "libtorch_cpu"
 UPROBE_TYPE = "/sys/bus/event_source/devices/uprobe/type"
-SYSCALL_NR = {"x86_64": 298, "aarch64": 241}
-ATTR_SIZE = 112                 # PERF_ATTR_SIZE_VER5
-MAX_THREADS = 64
 SHT_DYNSYM = 11
 PT_LOAD = 1
 EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
