@@ -131,7 +131,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from trainprobe.agent.combiners.step_model import CAL, CAL_MID_K  # noqa: F401
+    from trainprobe.agent.combiners.step_model import CAL
     none = Compute(0.0)
     costs: dict[float, list[dict[str, float]]] = {us: [] for us in ITEMS_US}
     its = {us: loaders(us) for us in ITEMS_US}

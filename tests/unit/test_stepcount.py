@@ -1,6 +1,5 @@
 """The step counter's symbol lookup (probes/support/stepcount.py) on real shared libraries, and the
 step model's per-batch hand-off term."""
-import ctypes.util
 import os
 import re
 import shutil
