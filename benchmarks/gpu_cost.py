@@ -55,8 +55,9 @@ JOB = Path(__file__).resolve().parent / "gpu_cost_job.py"
 
 
 class Job:
-    def __init__(self, variant: str, workers: int, cmd: str | None = None, batch_size: int | None = None):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    def __init__(self, variant: str, workers: int, cmd: str | None = None, batch_size: int | None = None,
+                 job_env: dict[str, str] | None = None):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", **(job_env or {}))
         argv = ([sys.executable, str(JOB), "--variant", variant, "--workers", str(workers),
                  *(["--batch-size", str(batch_size)] if batch_size else [])] if not cmd
                 else shlex.split(cmd.format(variant=variant, workers=workers, python=sys.executable)))
@@ -305,6 +306,9 @@ def main() -> int:
     ap.add_argument("--arms", default="default=",
                     help="paired design: NAME=DIAGNOSE ARGS;NAME=ARGS... (e.g. 'default=;no-pyspy=--skip pyspy;no-gpu=--skip gpu')")
     ap.add_argument("--batch-size", type=int, default=None, help="the job's batch size (gpu_cost_job.py default)")
+    ap.add_argument("--job-env", default="",
+                    help="KEY=VALUE,... in the job's environment (e.g. OMP_NUM_THREADS=1: its loop with one "
+                         "intra-op thread); the case's name says so")
     ap.add_argument("--job-cmd", default=None,
                     help="another job printing `PROGRESS t= steps=` lines ({python}, {variant}, {workers} filled in): "
                          "to try the harness without a GPU")
@@ -318,12 +322,14 @@ def main() -> int:
             print(f"time budget spent: case {case} not run", file=sys.stderr)
             continue
         variant, workers = case.split(":")
-        job = Job(variant, int(workers), a.job_cmd, a.batch_size)
+        job_env = dict(x.split("=", 1) for x in a.job_env.split(",") if x.strip())
+        job = Job(variant, int(workers), a.job_cmd, a.batch_size, job_env)
+        tag = "".join(f" {k}={v}" for k, v in job_env.items())
         try:
             job.settle(a.warmup)
             if a.design == "paired":
                 arms = [(n.strip(), shlex.split(v)) for n, v in (x.split("=", 1) for x in a.arms.split(";") if x.strip())]
-                r = run_paired(job, f"{variant}-w{workers}", a.window, arms, t_start + a.time_budget,
+                r = run_paired(job, f"{variant}-w{workers}{tag}", a.window, arms, t_start + a.time_budget,
                                lambda m: print(m, file=sys.stderr, flush=True),
                                lambda ws: (out / "gpu_paired.json").write_text(json.dumps(
                                    {"machine": "gpu", "args": vars(a), "partial": True, "cases": results,
@@ -332,7 +338,7 @@ def main() -> int:
                 (out / "gpu_paired.json").write_text(json.dumps({"machine": "gpu", "args": vars(a), "cases": results},
                                                                indent=1, default=str))
                 continue
-            r = run_case(f"{variant}-w{workers}" + (f" [{a.agent_args}]" if a.agent_args else ""), job.pid, job.rate,
+            r = run_case(f"{variant}-w{workers}{tag}" + (f" [{a.agent_args}]" if a.agent_args else ""), job.pid, job.rate,
                          a.window, a.pairs, a.full_runs, shlex.split(a.agent_args),
                          lambda m: print(m, file=sys.stderr, flush=True))
         except RuntimeError as exc:

@@ -39,6 +39,24 @@ def windows_summary(reports: list[dict]) -> dict:
     return {"n": len(rows), "agree": same == len(rows), "top": lead, "per_window": rows, "verdict": verdict}
 
 
+PRIORITIES = ("normal", "low", "idle")
+LOW_NICE = 10
+
+
+def set_priority(level: str) -> str | None:
+    """Put the calling thread (and so every thread and child started after it) in `level`'s scheduling
+    class; None when done, else why not. Linux sets both per thread: call before any thread starts."""
+    import os
+    try:
+        if level == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif level == "low":
+            os.setpriority(os.PRIO_PROCESS, 0, max(LOW_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
+    except (OSError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _names(value: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (value or "").split(",") if x.strip())
 
@@ -57,6 +75,10 @@ def _names(value: str | None) -> tuple[str, ...]:
               help="Watch this many consecutive windows of --duration each and report how their verdicts "
                    "agree (the full report is the last window's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
+@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True,
+              help="The CPU scheduling class of the agent and its probes: normal; low (nice 10); idle "
+                   "(SCHED_IDLE: the agent runs only where no other thread of the node wants the CPU; on a node "
+                   "with no idle CPU its window's samples come late or not at all). See docs/cost.md.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
 @click.option("--deep", is_flag=True,
@@ -79,11 +101,15 @@ def _names(value: str | None) -> tuple[str, ...]:
 @redact_option
 @click.pass_obj
 def command(app: App, pid: int | None, duration: float, rate: int | None, windows: int, as_json: bool,
-            only: str | None,
+            priority: str, only: str | None,
             skip: str | None, deep: bool, native: bool, save_path: str | None, html_path: str | None,
             slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
             with_captures: bool = False, node_timeout: float | None = None) -> None:
     """Attach to a running training process and explain what holds its step back."""
+    if priority != "normal":
+        why = set_priority(priority)
+        if why:
+            app.progress(f"--priority {priority} not set ({why}); running at normal priority")
     from trainprobe.agent import cost
     cost.note_startup()            # this machine's speed now, for the plan (agent/cost.py)
     from trainprobe.agent import diagnosis
