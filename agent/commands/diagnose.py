@@ -1,6 +1,8 @@
 """`trainprobe diagnose`: attach to a running training process, watch it, print ranked fixes."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from trainprobe.agent.cli import App, redact_option
@@ -46,7 +48,6 @@ LOW_NICE = 10
 def set_priority(level: str) -> str | None:
     """Put the calling thread (and so every thread and child started after it) in `level`'s scheduling
     class; None when done, else why not. Linux sets both per thread: call before any thread starts."""
-    import os
     try:
         if level == "idle":
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))

@@ -121,8 +121,10 @@ NO_GAIN_YET = {
                                  "1.26x printed (0.74-1.58x), 1.04x measured (0.90-1.12x over 10 pairs of 6 s "
                                  "windows), inside the printed interval. Its diagnosis windows run it at 100-109 "
                                  "steps/s where its timed windows run 140-148 (the optimizer-step hook and the "
-                                 "backward count agree within a window), a phase or an effect the shares do not "
-                                 "show (docs/ledger.md, fourth round)",
+                                 "backward count agree within a window); the job alone moves between 108 and 140 "
+                                 "steps/s in 10 s windows, and the printed gain follows the window's pace (1.09-"
+                                 "1.14x at 143-149 steps/s) where the measured gain does not (docs/ledger.md, "
+                                 "fourth round)",
 }
 
 
