@@ -3,8 +3,10 @@
 From the GPU-idle attribution (agent/analysis/gpu_idle.py, facts in _gpu_facts.py): x is the share
 of the observed time the GPU idled while the training thread ran forward, backward and optimizer.
 torch.compile(mode="reduce-overhead") replays the step's kernels from CUDA graphs: the host no longer
-issues them one by one, so a share e of the training thread's forward/backward/optimizer time h goes
-(not the optimizer, not the Python outside the graphs), whether the GPU idled or ran meanwhile. The
+issues them one by one, so a share e of the training thread's time in the model's forward and backward,
+h, goes, whether the GPU idled or ran meanwhile. Compiling the model leaves the optimizer's step and the
+Python around the model eager: what a framework runs inside the optimizer's closure (Lightning's hooks
+and self.log sample as optimizer, a quarter of its demos' steps) is not in h. The
 step after the fix comes from the step model (agent/combiners/step_model.py): the loop's own time less
 e h, with every other constraint (the GPU's own busy time, the workers' pace, the CPUs) in place; e
 is the step model's calibrated compile_e. A model that is compiled already (py-spy sees
@@ -36,9 +38,9 @@ from trainprobe.agent.rules._gpu_facts import common_facts, compiled_model, idle
 
 LAUNCH_SHARE = 0.15       # idle while the host runs the step's Python: launch overhead
 LAUNCH_WORTH = 1.05       # the step after the fix must be at least this much shorter
-# Share of the loop's forward/backward/optimizer time that torch.compile(mode="reduce-overhead") takes
+# Share of the model's forward and backward time that torch.compile(mode="reduce-overhead") takes
 # off the step: the step model's compile_e (docs/models.md: the in-house launch-bound row, 1.89x
-# measured with h = 0.88; held out it is a prior, not a fit): (low, middle, high).
+# measured with h = 0.82; held out it is a prior, not a fit): (low, middle, high).
 COMPILE_CAPTURE = tuple(sorted(CAL.compile_e))
 
 
@@ -113,12 +115,13 @@ def launch_bound(ev: Evidence) -> Finding | None:
     fuse_lo = step_model.calibration().compile_fusion[0]
     facts = _facts(ev, att, x)
     what = ("with CUDA graphs (the model is compiled already; CUDA graphs capture about "
-            f"e={e_mid:g} ({e_lo:g}-{e_hi:g}) of the loop's forward/backward/optimizer time (h={sm.h_launch:.2f} of the "
-            "step), not the optimizer nor the Python between steps)"
+            f"e={e_mid:g} ({e_lo:g}-{e_hi:g}) of the model's forward and backward time (h={sm.graph_share:.2f} of the "
+            "step), not the optimizer's step nor the Python around the model)"
             if comp["compiled"] else
             f"with torch.compile(mode=\"reduce-overhead\") (its CUDA graphs take about e={e_mid:g} "
-            f"({e_lo:g}-{e_hi:g}) of the loop's forward/backward/optimizer time (h={sm.h_launch:.2f} of the step) off "
-            "the step, not the optimizer nor the Python between steps, and leave the GPU's own time; compiling an eager model also fuses "
+            f"({e_lo:g}-{e_hi:g}) of the model's forward and backward time (h={sm.graph_share:.2f} of the step) off "
+            "the step, not the optimizer's step nor the Python around the model (a framework's closure, hooks and "
+            "logging), and leave the GPU's own time; compiling an eager model also fuses "
             "its kernels, which can shorten the GPU's own time by an amount the host's evidence does not predict: "
             f"the estimate counts no fusion, the interval's top lets the step fall to {fuse_lo:g} of what capture "
             "alone leaves)")
