@@ -883,6 +883,8 @@ def render(leds: list[dict[str, Any]]) -> str:
                 "| job | top finding | predicted (interval) | fix applied | measured (95% interval), reps | pred/meas |",
                 "|---|---|---|---|---|---|"]
         for r in led["rows"]:
+            if r.get("gpu") and r["gpu"] != m.get("gpu"):
+                r = dict(r, job=f"{r['job']} ({r['gpu']})")     # measured on another card than the section's
             if r.get("error"):
                 last = (r["error"].strip().splitlines() or [""])[0]
                 rf = (r.get("replay_findings") or [None])[0]
@@ -948,6 +950,8 @@ def to_tests(paths: list[Path]) -> None:
                 r["bundle"], r["bundle_of_failed_run"] = f"bundles/{saved.name}", True
             if r.get("bundle"):
                 r["bundle"] = str((path.parent / r["bundle"]).resolve())
+        for r in led["rows"]:
+            r.setdefault("gpu", led["meta"].get("gpu"))     # the card it ran on (a ledger joins runs of several)
         kind = led["meta"]["kind"]
         if kind in by_kind:
             old = by_kind[kind]

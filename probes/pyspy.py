@@ -707,6 +707,7 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     last_site, site_runs, site_switches = None, 0, 0
     timeline: list[list[Any]] = []
     worker_startup = 0.0
+    in_closure = 0.0                         # forward/backward seconds inside an optimizer's step (closure)
     started: tuple[str, str] | None = None   # the loader whose workers the loop last started
     last_loader: tuple[str, str] | None = None   # the loader of the thread's last data sample
     for sp in training.spans:
@@ -736,6 +737,8 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
             started = None
         if cat in ("backward", "optimizer"):
             trains.update((f.name, f.filename) for f in sp.stack)
+        if cat in ("forward", "backward") and pystacks.in_optimizer_step(sp.stack):
+            in_closure += sp.seconds
         brk = pystacks.graph_break_module(sp.stack)
         if brk is not None:
             by_break[brk] += sp.seconds
@@ -768,6 +771,10 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         "module_call_samples": site_runs, "module_site_switches": site_switches,
         # the thread's share inside torch modules dynamo graph-breaks in by default (by kind)
         "graph_break_modules": {k: round(v / total, 4) for k, v in sorted(by_break.items())} if total else {},
+        # the share of the forward/backward samples that ran inside an optimizer's step: the model
+        # runs in the optimizer's closure (Lightning's automatic optimization, LBFGS)
+        "model_in_optimizer_step": (round(in_closure / (by_cat["forward"] + by_cat["backward"]), 4)
+                                    if by_cat["forward"] + by_cat["backward"] > 0 else None),
         "loaders": _loaders(by_loader, trains, total),
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),

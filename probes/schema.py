@@ -178,6 +178,7 @@ class TrainingThread(TypedDict):
     module_call_samples: int                # spans under a module call (py-spy's samples, merged while the stack holds)
     module_site_switches: int               # ... whose calling site differs from the previous one's
     graph_break_modules: Dict[str, float]   # share inside torch modules dynamo graph-breaks in ("rnn", "transformer")
+    model_in_optimizer_step: Optional[float]  # share of forward/backward time inside an optimizer's step (closure)
     loaders: List[LoaderSite]               # the DataLoaders it waited on, by the frame iterating each
     data_transitions: int
     observed_from: float

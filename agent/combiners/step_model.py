@@ -270,6 +270,8 @@ class StepModel:
     interleaved_calls: bool = False    # the loop calls its modules from several places, alternating, every step
     rnn_share: float = 0.0             # the loop's share in nn.LSTM / GRU / RNN forwards (graph breaks)
     transformer_share: float = 0.0     # ... in nn.TransformerEncoder / Decoder forwards (their mask check breaks)
+    in_closure: float = 0.0            # share of the forward/backward samples inside an optimizer's step
+                                       # (the model runs in the optimizer's closure: Lightning's Trainer)
     f_first: float = 0.0               # ... waited for the first batch of workers it had just started
     f_eval: float = 0.0                # the loop waited on or loaded from loaders that do not train (an
                                        # evaluation pass's): a data fix to the training loader leaves it
@@ -673,7 +675,8 @@ class StepModel:
              "others": None if self.others is None else round(self.others, 3),
              "switch_rate": round(self.switch_rate, 1), "openmp": self.openmp,
              "interleaved_calls": self.interleaved_calls, "rnn_share": round(self.rnn_share, 4),
-             "transformer_share": round(self.transformer_share, 4), "f_eval": round(self.f_eval, 4),
+             "transformer_share": round(self.transformer_share, 4), "in_closure": round(self.in_closure, 4),
+             "f_eval": round(self.f_eval, 4),
              "eval_passes": self.eval_passes,
              "f_first": round(self.f_first, 4),
              "par_measured": None if self.par_measured is None else [round(x, 3) for x in self.par_measured],
@@ -815,6 +818,7 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     breaks = tt.get("graph_break_modules") or {}
     m.rnn_share = float(breaks.get("rnn", 0.0))
     m.transformer_share = float(breaks.get("transformer", 0.0))
+    m.in_closure = float(tt.get("model_in_optimizer_step") or 0.0)
     pins = [t for t in spy.get("other_threads") or [] if "pin_memory" in (t.get("name") or "")
             and t.get("gil_share") is not None]
     if pins and (spy.get("gil") or {}).get("measured", True):

@@ -256,6 +256,12 @@ def graph_break_module(stack: tuple[Frame, ...]) -> str | None:
     return None
 
 
+def in_optimizer_step(stack: tuple[Frame, ...]) -> bool:
+    """A sample inside an optimizer's step: for a forward or backward sample, the model runs inside
+    the optimizer's closure (Lightning's automatic optimization, LBFGS), not in a loop of its own."""
+    return any("/torch/optim/" in f.filename or f.name.endswith("Optimizer.step") for f in stack)
+
+
 def module_call_site(stack: tuple[Frame, ...]) -> str | None:
     """The frame that called the outermost nn.Module (its function and line: `netD(real)` and
     `netD(fake.detach())` are two sites), or None when no module is being called."""

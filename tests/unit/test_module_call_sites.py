@@ -28,3 +28,18 @@ def test_alternating_sites_are_interleaved_a_periodic_phase_is_not():
     assert not interleaved_calls({"module_call_samples": 50, "module_site_switches": 2})  # train, sample, train
     assert not interleaved_calls({"module_call_samples": 5, "module_site_switches": 3})   # too few to tell
     assert not interleaved_calls({})
+
+
+def test_a_forward_inside_the_optimizers_step_runs_in_its_closure():
+    from trainprobe.probes.parsers.pystacks import classify_training, in_optimizer_step
+    optim = "/x/torch/optim/optimizer.py"
+    lightning = stack(("run", "/x/lightning/pytorch/loops/optimization/automatic.py", 270),
+                      ("Optimizer.profile_hook_step.<locals>.wrapper", optim, 493),
+                      ("Adam.step", "/x/torch/optim/adam.py", 213),
+                      ("Closure.__call__", "/x/lightning/pytorch/loops/optimization/automatic.py", 146),
+                      ("LitClassifier.training_step", "/job/backbone_image_classifier.py", 79),
+                      ("Module._wrapped_call_impl", TORCH, 1779), ("Module._call_impl", TORCH, 1790))
+    assert classify_training(lightning, {}) == "forward" and in_optimizer_step(lightning)
+    plain = stack(("<module>", "/job/main.py", 241), ("Module._wrapped_call_impl", TORCH, 1779),
+                  ("Module._call_impl", TORCH, 1790), ("Net.forward", "/job/main.py", 90))
+    assert classify_training(plain, {}) == "forward" and not in_optimizer_step(plain)
