@@ -756,6 +756,7 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         else:
             timeline.append([sp.t0, sp.t1, cat])
     total = sum(by_cat.values())
+    model_s = by_cat["forward"] + by_cat["backward"]
     busy = sum(sp.seconds for sp in training.spans if not pystacks.is_idle_stack(sp.stack))
     tt: dict[str, Any] = {
         "pid": training.pid, "tid": training.os_tid, "name": training.name,
@@ -773,8 +774,7 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         "graph_break_modules": {k: round(v / total, 4) for k, v in sorted(by_break.items())} if total else {},
         # the share of the forward/backward samples that ran inside an optimizer's step: the model
         # runs in the optimizer's closure (Lightning's automatic optimization, LBFGS)
-        "model_in_optimizer_step": (round(in_closure / (by_cat["forward"] + by_cat["backward"]), 4)
-                                    if by_cat["forward"] + by_cat["backward"] > 0 else None),
+        "model_in_optimizer_step": round(in_closure / model_s, 4) if model_s > 0 else None,
         "loaders": _loaders(by_loader, trains, total),
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
