@@ -114,3 +114,20 @@ def test_a_compile_applied_to_the_optimizers_modules_is_the_printed_compile():
     # the measured row is evaluated at what was applied: compile_models is the printed compile
     got = ledger.applied_knobs({}, {"injected": {"compile_models": "reduce-overhead", "num_workers": 2}})
     assert got == {"compile": "reduce-overhead", "num_workers": 2}
+
+
+def test_public_rows_measured_on_another_card_say_which():
+    # The public GPU ledger joins runs of several machines: a row from a card other than its
+    # section's (the H200's) carries the card after the job's name in the rendered tables.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("public_ledger", REPO / "benchmarks" / "public_ledger.py")
+    public_ledger = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(public_ledger)
+    led = json.loads((DATA / "ledger" / "public" / "public-ledger-gpu.json").read_text())
+    page = public_ledger.render([led])
+    others = [r["job"] for r in led["rows"] if r.get("gpu") and r["gpu"] != led["meta"]["gpu"]]
+    assert others, "no row from another card"
+    for job in others:
+        assert f"| {job} (NVIDIA H100 80GB HBM3) |" in page
+    same = next(r["job"] for r in led["rows"] if r.get("gpu") == led["meta"]["gpu"] or not r.get("gpu"))
+    assert f"| {same} |" in page
