@@ -172,11 +172,12 @@ def _detached(job: "Job", window: float) -> dict[str, Any]:
     t1 = time.time()
     b = _thread_facts(job.pid)
     n, secs = _steps(job, t0, t1)
+    between = _steps_between(job, a, b)
     # Per-step facts divide the thread's counters over [a, b] by the steps over the same interval
     # (interpolated between progress points), not by the whole steps between the window's first and
     # last point: at 6-10 steps a window that would move them by a step's worth.
     return {"arm": "detached", "t0": t0, "t1": t1, "steps": n, "steps_per_s": n / secs if secs else float("nan"),
-            "per_step": _per_step(a, b, _steps_between(job, a, b)), "split": _split(a, b, _steps_between(job, a, b))}
+            "per_step": _per_step(a, b, between), "split": _split(a, b, between)}
 
 
 def _steps_between(job: "Job", a: dict[str, float] | None, b: dict[str, float] | None) -> float:
@@ -205,8 +206,9 @@ def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str,
         n, secs = _steps(job, w0, w1)
         d.update(steps=n, steps_per_s=n / secs if secs else float("nan"), w0=w0, w1=w1)
         # The per-step facts span the agent's whole run (start-up and teardown too).
-        d["per_step"] = _per_step(a, b, _steps_between(job, a, b))
-        d["split"] = _split(a, b, _steps_between(job, a, b))
+        between = _steps_between(job, a, b)
+        d["per_step"] = _per_step(a, b, between)
+        d["split"] = _split(a, b, between)
     return d
 
 

@@ -207,7 +207,7 @@ def classify_training(stack: tuple[Frame, ...], source: Mapping[str, str]) -> st
     # The innermost of the two wins: a loop that runs its forward inside optimizer.step(closure)
     # (Lightning's automatic optimization, LBFGS) is in the forward there, not in the optimizer.
     for f in reversed(stack):
-        if "/torch/optim/" in f.filename or f.name.endswith(".zero_grad") or f.name.endswith("Optimizer.step"):
+        if _optimizer_frame(f) or f.name.endswith(".zero_grad"):
             return "optimizer"
         if f.name in MODULE_CALL or (f.name.endswith(".forward") and not is_library(f.filename)):
             return "forward"
@@ -256,10 +256,14 @@ def graph_break_module(stack: tuple[Frame, ...]) -> str | None:
     return None
 
 
+def _optimizer_frame(f: Frame) -> bool:
+    return "/torch/optim/" in f.filename or f.name.endswith("Optimizer.step")
+
+
 def in_optimizer_step(stack: tuple[Frame, ...]) -> bool:
     """A sample inside an optimizer's step: for a forward or backward sample, the model runs inside
     the optimizer's closure (Lightning's automatic optimization, LBFGS), not in a loop of its own."""
-    return any("/torch/optim/" in f.filename or f.name.endswith("Optimizer.step") for f in stack)
+    return any(_optimizer_frame(f) for f in stack)
 
 
 def module_call_site(stack: tuple[Frame, ...]) -> str | None:
