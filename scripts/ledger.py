@@ -902,6 +902,13 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
             f"{s['rows']} measured fixes; measured >= 1.05x: {sum(x['measured'] >= 1.05 for x in worth)} of them"
             + "".join(f"; {x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x" for x in worth
                       if x["measured"] < 1.05) + ".", ""]
+    below = [x for x in res["rows"] if x["predicted"] < WORTH_ACTING_X]
+    if below:
+        missed = [x for x in below if x["measured"] >= 1.05]
+        out += [f"Below the limit (the report prints no fix worth acting on): {len(below)} of {s['rows']} measured "
+                f"fixes; measured below 1.05x: {len(below) - len(missed)} of them (no gain the report left out)"
+                + (f"; gains it left out: " + "; ".join(f"{x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x"
+                                                          for x in missed) if missed else "") + ".", ""]
     for u in res.get("unreplayable") or []:
         out.append(f"Not replayable: {u['case']} ({u['source']}), {u['finding']} measured {u['measured']:.2f}x "
                    f"(printed {u['predicted']}x): {u['why']}.")
