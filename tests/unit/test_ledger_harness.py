@@ -132,3 +132,24 @@ def test_public_rows_measured_on_another_card_say_which():
         assert f"| {job} (NVIDIA H100 80GB HBM3) |" in page
     same = next(r["job"] for r in led["rows"] if r.get("gpu") == led["meta"]["gpu"] or not r.get("gpu"))
     assert f"| {same} |" in page
+
+
+def test_the_held_out_page_counts_the_fixes_below_the_reports_limit():
+    """A fix held out below the report's limit is one the report says is not worth acting on: the page
+    says how many of those measured no gain, and names each that did gain."""
+    from scripts.ledger import render_heldout
+
+    def row(case, pred, meas):
+        return {"case": case, "source": "public-ledger-cpu.json", "finding": "dataloader.starved",
+                "knobs": {"num_workers": 1}, "predicted": pred, "interval": [pred * 0.8, pred * 1.3],
+                "measured": meas, "ratios": [meas], "ratio": round(pred / meas, 3),
+                "in_interval": True, "fitted": {}, "priors": []}
+    rows = [row("a", 1.5, 1.4), row("b", 1.0, 0.8), row("c", 1.05, 1.3), row("d", 1.02, 1.01)]
+    res = {"rows": rows, "summary": {"rows": 4, "median_abs_log": 0.1, "median_ratio": 1.0, "within_band": 3,
+                                     "in_interval": 4}, "jobs": []}
+    text = render_heldout(res, "cmd")
+    line = next(x for x in text.splitlines() if x.startswith("Below the limit"))
+    assert "3 of 4 measured fixes" in line and "measured below 1.05x: 2 of them" in line
+    assert "gains it left out: c 1.05x for 1.30x" in line
+    worth = next(x for x in text.splitlines() if x.startswith("Worth acting on"))
+    assert "1 of 4" in worth
