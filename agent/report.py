@@ -113,7 +113,8 @@ def change_of(finding_id: str, knobs: dict[str, Any], f: Finding | None = None) 
     return Change(workers=knobs.get("num_workers"), intra_threads=knobs.get("intra_op_threads"),
                   pin_memory=bool(knobs.get("pin_memory")), persistent=bool(knobs.get("persistent_workers")),
                   runq_removed=finding_id == "cpu.oversubscribed",
-                  sample_cost=float(knobs.get("sample_cost_factor") or 1.0))
+                  sample_cost=float(knobs.get("sample_cost_factor") or 1.0),
+                  sharing_fs=knobs.get("sharing_strategy") == "file_system")
 
 
 def _change_from_details(finding_id: str, f: Finding | None) -> Change | None:
@@ -164,7 +165,7 @@ def plan(ev: Evidence, findings: list[Finding]) -> dict[str, Any] | None:
     lo, hi = best.interval
     names = [f.id for f, _, _ in chosen]
     words = ", ".join(f"{k}={v}" for k, v in knobs.items())
-    derivation = sm.derivation(f"with {words} together", best)
+    derivation = sm.derivation(f"with {words} together", best, joint.sharing_fs)
     speedup = best.speedup
     # Fixes that remove separate parts of the step gain at most the product of their own gains: a
     # joint step shorter than that counts one part of today's step twice (e.g. a wait two findings

@@ -20,7 +20,12 @@ ToTensor cost on the 2-CPU machine). One intra-op thread. Two parts, each repeat
           ratio, beside what the step model predicts for it from the measured shares (its data,
           loop and CPU terms with this run's h_loop and h_worker and the calibrated handoff_k_timed)
 
-    python benchmarks/bench_handoff.py [--reps 5] [--batches 300] [--out DIR]
+    python benchmarks/bench_handoff.py [--reps 5] [--batches 300] [--out DIR] [--sharing-strategy file_system]
+
+--sharing-strategy sets torch.multiprocessing's strategy before the loaders are built: the default,
+file_descriptor, passes each storage as an fd over a socket answered by a thread in the worker (a
+handshake per tensor); file_system passes the shared-memory file's name (the step model's
+handoff_ms_fs and handoff_worker_ms_fs).
 """
 from __future__ import annotations
 
@@ -127,9 +132,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sharing-strategy", default=None, choices=("file_descriptor", "file_system"))
     a = ap.parse_args()
     import torch
     torch.set_num_threads(1)
+    if a.sharing_strategy:
+        import torch.multiprocessing as tmp
+        tmp.set_sharing_strategy(a.sharing_strategy)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from trainprobe.agent.combiners.step_model import CAL
     none = Compute(0.0)
@@ -168,7 +177,9 @@ def main() -> int:
         print(f"shape: items {us:g} us, compute {comp:g} ms: step {shapes[-1]['step0_ms']:.2f} -> "
               f"{shapes[-1]['step1_ms']:.2f} ms with a worker, {meas:.2f}x measured; the model's terms "
               f"{pred:.2f}x (without the per-batch hand-off {pred_rate:.2f}x)", flush=True)
+    import torch.multiprocessing as tmp
     out = {"cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__, "reps": a.reps, "batches": a.batches,
+           "sharing_strategy": tmp.get_sharing_strategy(),
            "costs": {str(us): rows for us, rows in costs.items()}, "summary": {str(us): s for us, s in summary.items()},
            "k": round(k, 3), "h_worker_ms": round(h_worker, 3), "h_loop_ms": round(h_loop, 3),
            "k_calibrated": CAL.handoff_k_timed[1], "shapes": shapes}

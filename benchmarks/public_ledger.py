@@ -61,7 +61,7 @@ MIRRORS = Path("/work/.mirror")
 if (PUBLIC / "site").exists():      # packages this machine lacks (torchvision, PIL on the CPU machine)
     sys.path.append(str(PUBLIC / "site"))
 LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "worker_threads")
-GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "compile"}
+GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "sharing_strategy", "compile"}
 
 # repo -> (commit, paths to extract)
 REPOS = {

@@ -84,6 +84,14 @@ from trainprobe.agent.combiners.training_ranks import data_share, trainers
 from trainprobe.agent.evidence import Evidence
 
 
+# handoff_ms and handoff_worker_ms with the "file_system" sharing strategy: benchmarks/bench_handoff.py on
+# the 2-CPU machine measured the loop's receive 0.34 ms a batch against 0.63 with file descriptors, and the
+# worker's send 0.65 ms against 1.07 (2026-12-06, one run of each, 5 repetitions): the fd priors scaled
+# by those ratios (0.54, 0.61).
+HANDOFF_MS_FS = (0.2, 0.45, 0.7)
+HANDOFF_WORKER_MS_FS = (0.35, 0.7, 1.2)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Fitted constants, each (optimistic, middle, pessimistic) for the step after a fix.
@@ -122,6 +130,10 @@ class Calibration:
                 per-batch costs as well
     handoff_worker_ms  what sending it costs the worker beyond k times the loading (pickling, its
                 queue's feeder thread, the fd-sharing thread): 1.72 and 1.23 ms measured there
+    handoff_ms_fs, handoff_worker_ms_fs  the same two with torch.multiprocessing's "file_system"
+                sharing strategy (each storage passed by its shared-memory file's name: no socket
+                handshake with a thread of the worker per tensor), measured by
+                benchmarks/bench_handoff.py --sharing-strategy file_system; not fitted
     par_eff     how much of the cores the loop uses while it computes (L) is parallel speed: its compute
                 with n intra-op threads takes (1 + e (L - 1)) / (1 + e (n - 1)) of today's when capped
                 from L to n cores (e = 1: perfect scaling, L / n; e = 0: the other threads spun or
@@ -141,6 +153,8 @@ class Calibration:
     handoff_k_timed: tuple[float, float, float] = (1.0, 1.13, 2.0)
     handoff_ms: tuple[float, float, float] = (0.4, 0.85, 1.3)
     handoff_worker_ms: tuple[float, float, float] = (0.6, 1.2, 2.0)
+    handoff_ms_fs: tuple[float, float, float] = HANDOFF_MS_FS
+    handoff_worker_ms_fs: tuple[float, float, float] = HANDOFF_WORKER_MS_FS
 
 
 CAL = Calibration()           # the calibration in use; scripts/ledger.py --heldout replaces it per fold
@@ -179,6 +193,7 @@ class Change:
     h2d_removed: bool = False             # the copy to the GPU off the loop's path
     runq_removed: bool = False            # no more runnable threads of the job than CPUs
     sample_cost: float = 1.0              # each sample's CPU cost scaled by this
+    sharing_fs: bool = False              # workers hand tensors over by shared-memory file name
     # gil.contention's fix (no thread holding the GIL beside the loop): the loop's time after it as the
     # GIL model gives it (shortest, middle, longest step; shares of today's step, data waits
     # included), and the cores the holder and the loop's lost CPU time free.
@@ -334,7 +349,7 @@ class StepModel:
         share = self.f_wait / (self.f_wait + self.f_eval) if self.f_wait + self.f_eval > 0 else 1.0
         return min(self.wait_cpu * share, self.f_wait)
 
-    def batch_handoff(self, sc: str, cal: Calibration) -> tuple[float, float]:
+    def batch_handoff(self, sc: str, cal: Calibration, fs: bool = False) -> tuple[float, float]:
         """(loop, worker) shares of today's step that handing each batch from a worker costs, where the
         loop loads its own batches today and its step's length is measured: handoff_ms and
         handoff_worker_ms over the step. Per batch, not per second of loading: on a job of 8 ms steps
@@ -345,7 +360,9 @@ class StepModel:
         if not self.d_inloop or not self.step_s or self.interleaved_calls:
             return 0.0, 0.0
         i = SCENARIOS.index(sc)
-        return cal.handoff_ms[i] / 1000.0 / self.step_s, cal.handoff_worker_ms[i] / 1000.0 / self.step_s
+        loop_ms, worker_ms = ((cal.handoff_ms_fs, cal.handoff_worker_ms_fs) if fs
+                              else (cal.handoff_ms, cal.handoff_worker_ms))
+        return loop_ms[i] / 1000.0 / self.step_s, worker_ms[i] / 1000.0 / self.step_s
 
     def first_wait(self, sc: str) -> float:
         """The wait for the first batch of each epoch's freshly started workers (py-spy: the loop's
@@ -511,7 +528,7 @@ class StepModel:
             # Workers re-created in the window lived between the process probe's readings: their CPU is
             # a lower bound. At most each of today's workers was busy the whole step (D <= W_now).
             d = max(d, float(self.w_now) * ch.sample_cost)
-        hand_l, hand_w = self.batch_handoff(sc, cal) if w > 0 else (0.0, 0.0)
+        hand_l, hand_w = self.batch_handoff(sc, cal, ch.sharing_fs) if w > 0 else (0.0, 0.0)
         # The worker's CPU a batch over the loop's loading: k a second of loading (the same Python runs
         # slower in a worker), plus, with the step's length measured, handoff_worker_ms a batch (hand_w).
         if self.d_inloop:
@@ -628,7 +645,7 @@ class StepModel:
         sp = self.split()
         return "today's step: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sp.items())
 
-    def derivation(self, what: str, step: Step) -> str:
+    def derivation(self, what: str, step: Step, fs: bool = False) -> str:
         """'the loop loads batches itself 61% of the step; with ... the step is set by compute (0.69 of
         today's): 1.44x' in words; symbols go into details."""
         lo, hi = step.interval
@@ -644,12 +661,14 @@ class StepModel:
             if pin >= 0.01:
                 kept.append(f"the pin-memory thread's {100 * pin:.0f}% under the GIL")
         inside = (", which keeps " + " and ".join(kept)) if kept else ""
-        hand_l, hand_w = self.batch_handoff("mid", CAL)
+        hand_l, hand_w = self.batch_handoff("mid", CAL, fs)
         if hand_l > 0 and step.binding in ("loop", "data", "cpu"):
+            loop_ms, worker_ms = ((CAL.handoff_ms_fs, CAL.handoff_worker_ms_fs) if fs
+                                  else (CAL.handoff_ms, CAL.handoff_worker_ms))
             inside += (f"; its steps take {1000 * self.step_s:.1f} ms (backward passes counted), and handing each "
-                       f"batch from a worker costs the loop about {CAL.handoff_ms[1]:g} ms and the worker "
-                       f"{CAL.handoff_worker_ms[1]:g} ms beyond the loading ({100 * hand_l:.0f}% and "
-                       f"{100 * hand_w:.0f}% of today's step), one after the other")
+                       f"batch from a worker{' by shared-memory file name' if fs else ''} costs the loop about "
+                       f"{loop_ms[1]:g} ms and the worker {worker_ms[1]:g} ms beyond the loading "
+                       f"({100 * hand_l:.0f}% and {100 * hand_w:.0f}% of today's step), one after the other")
         if step.capped and self.par_measured is not None and self.par_basis:
             inside += f"; with fewer intra-op threads the loop's compute takes longer: {self.par_basis}"
         if self.f_eval >= 0.01 and self.eval_passes == 1:

@@ -43,6 +43,7 @@ STARVED_SHARE = 0.10          # the loop waits on data for at least this share o
 MIN_BAND = 0.15               # log half-width of the narrowest interval (sampling error of f and C)
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
+FS_WORTH = 1.05               # handing batches over by file name joins the fix where it gains this over fds
 
 
 @dataclass
@@ -294,7 +295,7 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
         return plan
     w_prop = max(w_best, w_now)
     sm = step_model.from_evidence(ev, lp.worst["pid"] if lp.multi else None)
-    threads = None
+    threads, fs = None, False
     if sm is not None:
         step = sm.after(Change(workers=w_prop, pin_memory=pin_set, persistent=recreated))
         if step.oversubscribed:
@@ -303,11 +304,16 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
             step = sm.after(Change(workers=w_prop, pin_memory=pin_set, persistent=recreated, intra_threads=threads))
             facts.append(Fact("process", f"busy intra-op threads of the training process beside {w_prop} new "
                                          f"worker(s) on {sm.p_allowed:.3g} CPUs", sm.threads_busy))
+        fs_step = _by_file_name(sm, step, Change(workers=w_prop, pin_memory=pin_set, persistent=recreated,
+                                                 intra_threads=threads, sharing_fs=True), more, force)
+        if fs_step is not None:
+            fs, step = True, fs_step
         speedup, interval = step.speedup, step.interval
-        what = f"with {w_prop} worker{'s' if w_prop != 1 else ''}" + (f" and {threads} intra-op thread"
-                                                                      f"{'s' if threads != 1 else ''}"
-                                                                      if threads else "")
-        words = sm.derivation(what, step)
+        what = (f"with {w_prop} worker{'s' if w_prop != 1 else ''}" + (f" and {threads} intra-op thread"
+                                                                       f"{'s' if threads != 1 else ''}"
+                                                                       if threads else "")
+                + (" handing batches over by file name" if fs else ""))
+        words = sm.derivation(what, step, fs)
         scaling = sm.scaling_words(w_prop)
         if scaling:
             words += "; " + scaling
@@ -335,11 +341,35 @@ def _settings_plan(ev: Evidence, lp: Loop, m: dict[str, Any], facts: list[Fact],
                             change=f"torch.set_num_threads({threads})  # at start-up, before the first op",
                             command=f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} python ...",
                             knobs={"intra_op_threads": threads}))
+    if fs:
+        hl, hw = sm.batch_handoff("mid", CAL)
+        fixes.insert(2 if threads else 1, Fix(
+            f"Hand batches from the workers to the loop by shared-memory file name: at {1000 * sm.step_s:.1f} ms a "
+            f"step, passing each tensor as a file descriptor (a socket handshake with a thread of the worker) "
+            f"would cost about {100 * (hl + hw):.0f}% of today's step a batch (a job killed hard can leave its "
+            "batches' files in /dev/shm)",
+            change='torch.multiprocessing.set_sharing_strategy("file_system")  # at start-up, before the DataLoader '
+                   'is built',
+            knobs={"sharing_strategy": "file_system"}))
     if recreated:
         facts.append(Fact("process", "worker processes were re-created during the window", True))
     plan = Plan(speedup, interval, bound, fixes, w_prop, kwargs, settings_help, w_cap, pinned_now)
     plan.step_details = sm.details(step) if sm is not None else None
     return plan
+
+
+def _by_file_name(sm: StepModel, step: Any, ch: Change, more: bool, force: dict[str, Any] | None) -> Any:
+    """The step with batches handed over by shared-memory file name (torch.multiprocessing's
+    "file_system" sharing strategy) where that is part of the fix: a loop that loads its own batches
+    today, given workers, with the step's length measured, where the step model puts the saving at
+    FS_WORTH or more (the per-batch hand-off is a fixed cost a batch: a large part of a short step).
+    Under `force` (a fix that was applied and measured), where it was applied. None otherwise."""
+    if force is not None:
+        return sm.after(ch) if force.get("sharing_strategy") == "file_system" else None
+    if not (more and sm.d_inloop and sm.step_s and not sm.interleaved_calls):
+        return None
+    fs = sm.after(ch)
+    return fs if fs.speedup >= FS_WORTH * step.speedup else None
 
 
 def _cpu_limited_plan(lp: Loop, m: dict[str, Any], cpu_note: str) -> Plan:

@@ -6,7 +6,8 @@ Put this folder first on PYTHONPATH of the job (benchmarks/public_ledger.py does
                               num_workers, pin_memory, persistent_workers, prefetch_factor override
                               the keyword arguments of the script's training DataLoaders (below);
                               worker_threads sets torch.set_num_threads in each worker;
-                              intra_op_threads calls torch.set_num_threads; compile sets the mode
+                              intra_op_threads calls torch.set_num_threads; sharing_strategy calls
+                              torch.multiprocessing.set_sharing_strategy; compile sets the mode
                               of the script's own torch.compile calls; compile_models (a script
                               that compiles nothing itself) compiles, in place after its first
                               step, the module each optimizer trains (nn.Module.compile(mode=...),
@@ -215,6 +216,13 @@ def _after_torch(torch) -> None:
         if "intra_op_threads" in _KNOBS:
             torch.set_num_threads(int(_KNOBS["intra_op_threads"]))
             _log(f"torch.set_num_threads({int(_KNOBS['intra_op_threads'])})")
+        if "sharing_strategy" in _KNOBS:
+            # how workers hand a batch's tensors to the loop: "file_descriptor" (the default: one fd
+            # passed over a socket per storage, answered by a thread in the worker) or "file_system"
+            # (the storage's shared-memory file by name)
+            import torch.multiprocessing as tmp
+            tmp.set_sharing_strategy(str(_KNOBS["sharing_strategy"]))
+            _log(f"torch.multiprocessing.set_sharing_strategy({_KNOBS['sharing_strategy']!r})")
         if "compile" in _KNOBS:
             _patch_compile(torch)
         if "compile_models" in _KNOBS and _IS_OWNER:

@@ -153,3 +153,20 @@ def test_the_held_out_page_counts_the_fixes_below_the_reports_limit():
     assert "gains it left out: c 1.05x for 1.30x" in line
     worth = next(x for x in text.splitlines() if x.startswith("Worth acting on"))
     assert "1 of 4" in worth
+
+
+def test_the_sharing_strategy_knob_sets_how_workers_hand_tensors_over(tmp_path):
+    # benchmarks/inject/sitecustomize.py on a real torch process: the knob reaches the job's torch
+    # before the script runs, and a worker's batch then arrives by shared-memory file name.
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "import torch.multiprocessing as tmp\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "ds = TensorDataset(torch.arange(8.0))\n"
+        "n = sum(len(b[0]) for b in DataLoader(ds, batch_size=2, num_workers=1))\n"
+        "print(tmp.get_sharing_strategy(), n)\n")
+    r, log = _run_injected(tmp_path, script, {"sharing_strategy": "file_system"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["file_system", "8"], r.stdout
+    assert "set_sharing_strategy('file_system')" in log.read_text()

@@ -41,3 +41,27 @@ def test_gil_and_contention_fixes_join_the_plan_from_their_details():
     assert change_of("cpu.contended", {}, con).others_removed == (0.4, 0.1)
     bare = Finding("cpu.contended", "t", 1.5, "b", "medium", [], [])
     assert change_of("cpu.contended", {}, bare) is None
+
+
+def test_short_steps_get_the_file_name_hand_off_and_long_ones_do_not():
+    # Real captures of public jobs on 2 CPUs (tests/data/ledger/public): Lightning's backbone classifier
+    # at about 6 ms steps and the VAE at about 20 ms, both loading their own batches. The per-batch
+    # hand-off is a fixed cost a batch: the fix hands batches over by file name only on the short steps.
+    from tests.helpers import DATA
+    from trainprobe.agent import bundle as bundle_mod
+    from trainprobe.agent.diagnosis import evidence_from
+    from trainprobe.agent.report import diagnose, fix_knobs
+    got = {}
+    for job in ("lightning-backbone-cpu-r8", "vae-cpu-r5"):
+        b = bundle_mod.load(str(DATA / "ledger" / "public" / "bundles" / f"{job}.tar.gz"))
+        fs, _ = diagnose(evidence_from(b.captures, b.context))
+        f = next(x for x in fs if x.id == "dataloader.starved")
+        got[job] = (fix_knobs(f), f)
+    knobs, f = got["lightning-backbone-cpu-r8"]
+    assert knobs.get("sharing_strategy") == "file_system" and knobs["num_workers"] == 1
+    fix = next(x for x in f.fixes if (x.knobs or {}).get("sharing_strategy"))
+    assert "set_sharing_strategy(\"file_system\")" in fix.change and "/dev/shm" in fix.title
+    assert "by file name" in f.speedup_bound
+    assert "sharing_strategy" not in got["vae-cpu-r5"][0]
+    ch = change_of("dataloader.starved", knobs)
+    assert ch.sharing_fs and not change_of("dataloader.starved", got["vae-cpu-r5"][0]).sharing_fs

@@ -109,4 +109,4 @@ def test_a_bundle_with_the_count_reports_the_step_rate():
     assert "backward passes a second (a step of about" in run().stdout
     plan = rep["plan"]
     assert plan["details"]["step_s"] == pytest.approx(1.0 / rep["target"]["backward_per_s"] * 0.78, rel=0.1)
-    assert "handing each batch from a worker costs the loop" in plan["derivation"]
+    assert "handing each batch from a worker" in plan["derivation"] and "costs the loop about" in plan["derivation"]
