@@ -30,14 +30,13 @@ def predicted(bundle: Path, knobs: dict[str, Any]) -> dict[str, Any]:
     """The step model's speedup for these knobs on the diagnosed window (None where it has no model)."""
     from trainprobe.agent import bundle as bundle_mod
     from trainprobe.agent.combiners import step_model
-    from trainprobe.agent.combiners.step_model import Change
     from trainprobe.agent.diagnosis import evidence_from
+    from trainprobe.agent.report import change_of
     b = bundle_mod.load(str(bundle))
     m = step_model.from_evidence(evidence_from(b.captures, b.context))
     if m is None:
         return {"speedup": None, "why": "no step model for this window"}
-    ch = Change(workers=knobs.get("num_workers"), intra_threads=knobs.get("intra_op_threads"),
-                pin_memory=bool(knobs.get("pin_memory")), persistent=bool(knobs.get("persistent_workers")))
+    ch = change_of("dataloader.starved", knobs)     # the DataLoader, thread and hand-off knobs
     st = m.after(ch)
     if st is None:
         return {"speedup": None, "why": "the model does not cover this change"}
