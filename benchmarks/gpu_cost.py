@@ -25,8 +25,11 @@ the job itself. The pace is also split in two paired factors, steps/s = duty x w
 share of wall time on a CPU (what the agent takes from it directly: run-queue wait, blocking on
 something it holds; resolved far below 1% because a CPU-bound loop's duty hardly moves by itself)
 and its steps per CPU-second of the loop's thread (the job's own pace, the host's steal, and what
-slows its CPU work: a shared core, caches), with the node's steal time per window. One summary
-file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
+slows its CPU work: a shared core, caches), with the node's steal time per window; the work rate is
+also given over the loop's user-mode CPU alone (the kernel's part is mostly page faults), the faults
+per step as a paired ratio, and the whole effect regressed on the faults' ratio (fault_adjusted).
+Every progress point of the job is kept (`progress`: unix time, steps), so each step's length can be
+read after the run. One summary file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
 windows; exit 1 when that check fails.
 
     pip install --no-index .whl/py_spy-*.whl
@@ -52,6 +55,7 @@ from _cost_bench import (REPO, _T95, diagnose, model_check, model_table, report_
                          summary_line)
 
 JOB = Path(__file__).resolve().parent / "gpu_cost_job.py"
+TICK = float(os.sysconf("SC_CLK_TCK"))
 
 
 class Job:
@@ -115,10 +119,15 @@ def _thread_facts(pid: int) -> dict[str, float] | None:
             st = dict(ln.split(":", 1) for ln in fh.read().splitlines() if ":" in ln)
         with open(f"/proc/{pid}/stat") as fh:
             f = fh.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/task/{pid}/stat") as fh:
+            tf = fh.read().rsplit(")", 1)[1].split()
     except (OSError, ValueError):
         return None
     steal, total = _cpu_steal()
+    # The thread's user and kernel CPU (clock ticks): the kernel part is mostly the page faults of
+    # the loop's large allocations, which move with the allocator's state from one window to the next.
     return {"t": time.time(), "run_s": run_ns / 1e9, "wait_s": wait_ns / 1e9,
+            "utime_s": int(tf[11]) / TICK, "stime_s": int(tf[12]) / TICK,
             "vcsw": float(st["voluntary_ctxt_switches"]), "ivcsw": float(st["nonvoluntary_ctxt_switches"]),
             "minflt": float(f[7]), "majflt": float(f[9]), "steal": steal, "cpu_total": total}
 
@@ -142,7 +151,12 @@ def _split(a: dict[str, float] | None, b: dict[str, float] | None, steps: float)
         return None
     dt = b["t"] - a["t"]
     tot = b["cpu_total"] - a["cpu_total"]
+    user = b["utime_s"] - a["utime_s"]
     return {"duty": (b["run_s"] - a["run_s"]) / dt, "work_rate": steps / (b["run_s"] - a["run_s"]),
+            # steps per second of the loop's user-mode CPU: its work with the kernel's page-fault
+            # handling left out (see fault_adjusted in run_paired)
+            "user_work_rate": steps / user if user > 0 else None,
+            "faults_per_step": (b["minflt"] - a["minflt"]) / steps,
             "steal_share": (b["steal"] - a["steal"]) / tot if tot > 0 else 0.0}
 
 
@@ -150,6 +164,8 @@ def _per_step(a: dict[str, float] | None, b: dict[str, float] | None, steps: flo
     if not a or not b or steps <= 0:
         return None
     return {"thread_cpu_ms": round(1e3 * (b["run_s"] - a["run_s"]) / steps, 3),
+            "thread_user_ms": round(1e3 * (b["utime_s"] - a["utime_s"]) / steps, 3),
+            "thread_kernel_ms": round(1e3 * (b["stime_s"] - a["stime_s"]) / steps, 3),
             "runqueue_wait_ms": round(1e3 * (b["wait_s"] - a["wait_s"]) / steps, 3),
             "voluntary_switches": round((b["vcsw"] - a["vcsw"]) / steps, 2),
             "involuntary_switches": round((b["ivcsw"] - a["ivcsw"]) / steps, 2),
@@ -181,9 +197,14 @@ def _detached(job: "Job", window: float) -> dict[str, Any]:
 
 
 def _steps_between(job: "Job", a: dict[str, float] | None, b: dict[str, float] | None) -> float:
-    """Steps between two readings' times, interpolated between the progress points around them."""
+    """Steps between two readings' times, interpolated between the progress points around them. A
+    reading taken after the last point waits for the next one (at most 3 s): counted at the last
+    point instead, the window would lose up to a step (up to 12% of a 6 s window of 0.7 s steps)."""
     if not a or not b:
         return 0.0
+    t_end = time.monotonic() + 3.0
+    while (not job.points or job.points[-1][0] < b["t"]) and time.monotonic() < t_end and job.proc.poll() is None:
+        time.sleep(0.02)
     return _steps_at(job, b["t"]) - _steps_at(job, a["t"])
 
 
@@ -224,6 +245,36 @@ def paired_stat(ratios: list[float]) -> dict[str, Any]:
             "pairs_for_1pct": math.ceil((2.0 * sd / math.log(1.01)) ** 2), "below_1": sum(1 for x in xs if x < 0)}
 
 
+def fault_adjusted(ws: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole effect on steps/s with the job's own page-fault swing taken out: the paired
+    log(ratio) regressed on the paired log(faults per step ratio), the intercept (the ratio at the
+    neighbours' fault count) with its 95% interval. The loop's large allocations fault in fresh pages
+    every step, as many as the allocator's state of the moment asks (37-43 thousand a step on the
+    data-heavy job without workers), and its pace follows them; the agent touches none of the job's
+    memory (its py-spy reads it from outside), so the fault count is the job's own and the
+    intercept is what the agent costs at an unchanged count. `faults_per_step` beside it checks
+    that premise: its ratio must be ~1."""
+    pts = [(math.log(w["faults_per_step_ratio"]), math.log(w["ratio"])) for w in ws
+           if w.get("faults_per_step_ratio") and w.get("ratio")]
+    n = len(pts)
+    if n < 4:
+        return {"n": n}
+    mx, my = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx <= 0:
+        return {"n": n}
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+    icpt = my - slope * mx
+    res = [p[1] - icpt - slope * p[0] for p in pts]
+    s2 = sum(r * r for r in res) / (n - 2)
+    se = math.sqrt(s2 * (1.0 / n + mx * mx / sxx))
+    h = _T95.get(n - 2, 2.0 if n < 42 else 1.96) * se
+    r2 = 1.0 - sum(r * r for r in res) / max(sum((p[1] - my) ** 2 for p in pts), 1e-12)
+    return {"n": n, "ratio": round(math.exp(icpt), 4), "ci95": [round(math.exp(icpt - h), 4), round(math.exp(icpt + h), 4)],
+            "half_width_pct": round(100 * (math.exp(h) - 1), 2), "sd_log": round(math.sqrt(s2), 4),
+            "slope": round(slope, 3), "r2": round(r2, 3)}
+
+
 def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[str]]], deadline: float,
                log: Any, checkpoint: Any = None) -> dict[str, Any]:
     """D A D B D A ... until `deadline` (monotonic): each attached window against its two neighbours.
@@ -243,7 +294,9 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
             att["ratio"] = round(att["steps_per_s"] / base, 4) if base > 0 else None
             sp = [w.get("split") for w in (att, before, after)]
             if all(sp):
-                for k in ("duty", "work_rate"):
+                for k in ("duty", "work_rate", "user_work_rate", "faults_per_step"):
+                    if not all(x.get(k) for x in sp):
+                        continue
                     ref = statistics.fmean([sp[1][k], sp[2][k]])
                     att[k + "_ratio"] = round(sp[0][k] / ref, 5) if ref > 0 else None
             log(f"  {name} {arm} #{i}: ratio {att['ratio']}, {att['steps_per_s']:.3f} vs {base:.3f} steps/s, "
@@ -255,10 +308,10 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
     det = [w for w in seq if w["arm"] == "detached"]
 
     def facts(ws: list[dict[str, Any]]) -> dict[str, Any]:
-        keys = ("thread_cpu_ms", "runqueue_wait_ms", "voluntary_switches", "involuntary_switches", "minor_faults",
+        keys = ("thread_cpu_ms", "thread_user_ms", "thread_kernel_ms", "runqueue_wait_ms", "voluntary_switches", "involuntary_switches", "minor_faults",
                 "major_faults")
         ps = [w["per_step"] for w in ws if w.get("per_step")]
-        return {k: round(statistics.median(p[k] for p in ps), 3) for k in keys} if ps else {}
+        return {k: round(statistics.median(p[k] for p in ps), 3) for k in keys if all(k in p for p in ps)} if ps else {}
 
     out["detached"] = {"windows": len(det), "steps_per_s_median": round(statistics.median(
         [w["steps_per_s"] for w in det if math.isfinite(w["steps_per_s"])] or [float("nan")]), 4),
@@ -273,6 +326,11 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
                             # the work rate of its CPU time (the job's own pace, shared cores, caches)
                             "duty": paired_stat([w["duty_ratio"] for w in ws if w.get("duty_ratio")]),
                             "work_rate": paired_stat([w["work_rate_ratio"] for w in ws if w.get("work_rate_ratio")]),
+                            "user_work_rate": paired_stat([w["user_work_rate_ratio"] for w in ws
+                                                           if w.get("user_work_rate_ratio")]),
+                            "faults_per_step": paired_stat([w["faults_per_step_ratio"] for w in ws
+                                                            if w.get("faults_per_step_ratio")]),
+                            "fault_adjusted": fault_adjusted(ws),
                             "steal_share_median": round(statistics.median(
                                 [w["split"]["steal_share"] for w in seq if w.get("split")] or [0.0]), 5)}
     return out
@@ -285,7 +343,7 @@ def paired_line(r: dict[str, Any]) -> str:
         lines.append(f"  {arm:<14} attached/detached {a.get('ratio')} (95% CI {a.get('ci95')}, +-{a.get('half_width_pct')}%, "
                      f"{a.get('n')} pairs, {a.get('below_1')} below 1; about {a.get('pairs_for_1pct')} pairs resolve 1%) "
                      f"median {a.get('ratio_median')}, tree {a.get('tree_cpu_s_median')} CPU-s, per step {a.get('per_step_median')}")
-        for part in ("duty", "work_rate"):
+        for part in ("duty", "work_rate", "user_work_rate", "faults_per_step", "fault_adjusted"):
             x = a.get(part) or {}
             lines.append(f"    {part:<10} attached/detached {x.get('ratio')} (95% CI {x.get('ci95')}, "
                          f"+-{x.get('half_width_pct')}%, {x.get('n')} pairs, sd_log {x.get('sd_log')})")
@@ -338,6 +396,9 @@ def main() -> int:
                                lambda ws: (out / "gpu_paired.json").write_text(json.dumps(
                                    {"machine": "gpu", "args": vars(a), "partial": True, "cases": results,
                                     "windows_so_far": ws}, default=str)))
+                # the job's own progress points (unix time, steps): each step's length, for a statistic
+                # over steps rather than windows
+                r["progress"] = [[round(t, 4), n] for t, n in job.points]
                 results.append(r)
                 (out / "gpu_paired.json").write_text(json.dumps({"machine": "gpu", "args": vars(a), "cases": results},
                                                                indent=1, default=str))

@@ -20,7 +20,8 @@ from typing import Any
 import psutil
 
 from trainprobe.probes.parsers import procfs
-from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
+from trainprobe.probes.base import (Availability, Capture, JobShape, Probe, ProbeCost, Recorder, WatchSpec,
+                                    target_exists)
 from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.support import oncpu as oncpu_mod
 from trainprobe.probes.support import stepcount
@@ -192,12 +193,24 @@ class ProcessProbe(Probe):
     # (4 threads; tests/live/test_oncpu_samples.py's job, 3 windows each way). The backward-pass
     # counter adds 2.0-2.5 ms (finding torch's autograd engine in libtorch_cpu.so's symbol table; a
     # trap of about 1.7 us a backward pass in the job, benchmarks/bench_stepcount.py).
+    # The CPU-clock sampler and the backward-pass counter open one perf event a thread of the training
+    # process, read and close it: 0.5 ms a thread of the target beyond the /proc reads (the H100 node,
+    # the data-heavy job without workers, 34 threads, 2026-12-06: 0.054-0.064 CPU-s a window at the
+    # models' speed where the per-thread /proc term alone planned 0.040; bench_cost.py's 4-thread job
+    # on the VM: within its 1-5 ms).
     cost_cpu_s_fixed = 0.0175
     cost_cpu_s_per_process = 0.001
     cost_cpu_s_per_thread = 0.00065
+    cost_cpu_s_per_target_thread = 0.0005
 
     def check(self, spec: WatchSpec) -> Availability:
         return target_exists(spec)
+
+    def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
+        base = super().estimate_cost(spec, job)
+        threads = max(job.threads, 1)
+        return ProbeCost(base.cpu_s + self.cost_cpu_s_per_target_thread * threads, base.rss_mb,
+                         base.basis + f", a perf event on each of the target's {threads} threads")
 
     def _tree(self, spec: WatchSpec) -> list[tuple[int, int]]:
         return [(spec.pid, 0)] + procfs.descendants_of(spec.pid, spec.root)

@@ -34,6 +34,19 @@ def test_expected_job_threads_counts_the_target_and_each_worker():
     assert expected_job_threads(job) == 10 + 2 * 3
 
 
+@pytest.mark.parametrize("threads,workers,speed,measured", [
+    (34, 0, 1.457, 0.0788),   # the H100 node, the job without workers (benchmarks/results/h100-cost-check-2026-12-06-a)
+    (34, 0, 1.318, 0.0772),
+    (19, 14, 1.438, 0.0991),  # the same job with 14 workers
+])
+def test_the_process_probe_plans_a_perf_event_on_each_thread_of_the_target(threads, workers, speed, measured):
+    from trainprobe.probes.process import ProcessProbe
+    pids = tuple(range(1, workers + 2))
+    job = JobShape(pid=1, processes=pids, children={p: 1 for p in pids[1:]}, threads=threads)
+    planned = ProcessProbe().estimate_cost(WatchSpec(pid=1, window_s=10), job).cpu_s * speed
+    assert 0.7 <= planned / measured <= 1.3, (planned, measured)
+
+
 class _Broken(Probe):
     name = "broken"
     cost_cpu_s_fixed = 0.01
