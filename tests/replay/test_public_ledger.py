@@ -143,14 +143,15 @@ def test_every_fix_printed_worth_acting_on_measured_a_gain():
     assert short == set(NO_GAIN_YET), [w for w in worth if w[2] < 1.05]
 
 
-@pytest.mark.xfail(reason="one of the targets is not met on public code (2026-12-06, seventh round; held out, each "
-                          "job once: 28 of 31 within 0.8-1.25, median |log| 0.129 against 0.10): the folds that leave "
+@pytest.mark.xfail(reason="one of the targets is not met on public code (2026-12-06, eighth round; held out, each "
+                          "job once: 28 of 31 within 0.8-1.25, median |log| 0.120 against 0.10): the folds that leave "
                           "out the VAE or mnist_rnn on 2 CPUs fit a larger hand-off from Lightning's 2-CPU jobs, whose "
                           "worker gains less than modelled (backbone 1.24 over nine runs, autoencoder 1.16 over "
                           "eight), so those two, which gain more (0.83 and 0.85), are under-predicted; timm's JPEG "
                           "pipeline on 15-batch epochs gains less from more workers than its steady step says "
                           "(2.50x and 2.66x measured), MNIST on 2 CPUs (1.01x for 0.79x in its first run), minGPT's "
-                          "chargpt compiled beat the capture estimate (kernel fusion) (docs/ledger.md)",
+                          "chargpt compiled beat the capture estimate three times (its own share of the captured host "
+                          "time 0.68-0.77 where the folds fit 0.57) (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
