@@ -902,6 +902,16 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
             f"{s['rows']} measured fixes; measured >= 1.05x: {sum(x['measured'] >= 1.05 for x in worth)} of them"
             + "".join(f"; {x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x" for x in worth
                       if x["measured"] < 1.05) + ".", ""]
+    # The agent as it ships, job by job: each job's latest run (the ledgers append runs in the order
+    # they were measured), whose fix is the one the rules of that day printed.
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for x in res["rows"]:
+        latest[(*_job_key(x), x["finding"])] = x
+    lw = [x for x in latest.values() if x["predicted"] >= WORTH_ACTING_X]
+    out += [f"Each job's latest run: {len(latest)} jobs, {len(lw)} with a held-out prediction worth acting on; "
+            f"measured >= 1.05x: {sum(x['measured'] >= 1.05 for x in lw)} of them"
+            + "".join(f"; {x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x" for x in lw
+                      if x["measured"] < 1.05) + ".", ""]
     below = [x for x in res["rows"] if x["predicted"] < WORTH_ACTING_X]
     if below:
         missed = [x for x in below if x["measured"] >= 1.05]
