@@ -29,7 +29,11 @@ slows its CPU work: a shared core, caches), with the node's steal time per windo
 also given over the loop's user-mode CPU alone (the kernel's part is mostly page faults), the faults
 per step as a paired ratio, and the whole effect regressed on the faults' ratio (fault_adjusted).
 Every progress point of the job is kept (`progress`: unix time, steps), so each step's length can be
-read after the run. One summary file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
+read after the run. `--control-cpu N` runs a bystander (benchmarks/cost_control.py: a fixed loop with
+a working set in the core's own caches) pinned to CPU N through every window and gives each ratio over
+the bystander's in the same windows (`ratio_over_control`, `work_rate_over_control`), with the
+bystander's own ratios beside them: the host's speed of the moment moves both, the agent's
+preempting the bystander moves only its rate, not its work rate. One summary file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
 windows; exit 1 when that check fails.
 
     pip install --no-index .whl/py_spy-*.whl
@@ -39,6 +43,7 @@ windows; exit 1 when that check fails.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -181,19 +186,37 @@ def _steps(job: "Job", t0: float, t1: float) -> tuple[float, float]:
     return float(pts[-1][1] - pts[0][1]), pts[-1][0] - pts[0][0]
 
 
+# The bystander loop (--control-cpu): started by main, read at every window's edges beside the job.
+CONTROL: "Job | None" = None
+CONTROL_SCRIPT = Path(__file__).resolve().parent / "cost_control.py"
+
+
+def _control_facts() -> dict[str, float] | None:
+    return _thread_facts(CONTROL.pid) if CONTROL is not None else None
+
+
+def _control_split(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
+    """The bystander's pace over [a, b] (steps per wall second) and its work rate (steps per second of
+    its own CPU: what the host's speed sets, not whether the agent preempted it)."""
+    if CONTROL is None or not a or not b or b["t"] <= a["t"] or b["run_s"] <= a["run_s"]:
+        return None
+    n = _steps_between(CONTROL, a, b)
+    return {"rate": n / (b["t"] - a["t"]), "work_rate": n / (b["run_s"] - a["run_s"])} if n > 0 else None
+
+
 def _detached(job: "Job", window: float) -> dict[str, Any]:
-    a = _thread_facts(job.pid)
+    a, ca = _thread_facts(job.pid), _control_facts()
     t0 = time.time()
     time.sleep(window)
     t1 = time.time()
-    b = _thread_facts(job.pid)
+    b, cb = _thread_facts(job.pid), _control_facts()
     n, secs = _steps(job, t0, t1)
     between = _steps_between(job, a, b)
     # Per-step facts divide the thread's counters over [a, b] by the steps over the same interval
     # (interpolated between progress points), not by the whole steps between the window's first and
     # last point: at 6-10 steps a window that would move them by a step's worth.
     return {"arm": "detached", "t0": t0, "t1": t1, "steps": n, "steps_per_s": n / secs if secs else float("nan"),
-            "per_step": _per_step(a, b, between), "split": _split(a, b, between)}
+            "per_step": _per_step(a, b, between), "split": _split(a, b, between), "control": _control_split(ca, cb)}
 
 
 def _steps_between(job: "Job", a: dict[str, float] | None, b: dict[str, float] | None) -> float:
@@ -217,9 +240,9 @@ def _steps_at(job: "Job", t: float) -> float:
 
 
 def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str, Any]:
-    a = _thread_facts(job.pid)
+    a, ca = _thread_facts(job.pid), _control_facts()
     d = diagnose(job.pid, window, args)
-    b = _thread_facts(job.pid)
+    b, cb = _thread_facts(job.pid), _control_facts()
     d["arm"] = arm
     if d.get("ok") and d.get("window_start_unix"):
         w0 = float(d["window_start_unix"])
@@ -230,6 +253,7 @@ def _attached(job: "Job", window: float, arm: str, args: list[str]) -> dict[str,
         between = _steps_between(job, a, b)
         d["per_step"] = _per_step(a, b, between)
         d["split"] = _split(a, b, between)
+        d["control"] = _control_split(ca, cb)
     return d
 
 
@@ -299,6 +323,17 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
                         continue
                     ref = statistics.fmean([sp[1][k], sp[2][k]])
                     att[k + "_ratio"] = round(sp[0][k] / ref, 5) if ref > 0 else None
+            cs = [w.get("control") for w in (att, before, after)]
+            if all(cs):
+                # The bystander's own ratios, and the job's over them: the host's speed of the moment
+                # moves both; what the agent does to the job alone stays.
+                for k in ("rate", "work_rate"):
+                    ref = statistics.fmean([cs[1][k], cs[2][k]])
+                    att["control_" + k + "_ratio"] = round(cs[0][k] / ref, 5) if ref > 0 else None
+                if att.get("control_rate_ratio") and att.get("ratio"):
+                    att["ratio_over_control"] = round(att["ratio"] / att["control_rate_ratio"], 5)
+                if att.get("control_work_rate_ratio") and att.get("work_rate_ratio"):
+                    att["work_rate_over_control"] = round(att["work_rate_ratio"] / att["control_work_rate_ratio"], 5)
             log(f"  {name} {arm} #{i}: ratio {att['ratio']}, {att['steps_per_s']:.3f} vs {base:.3f} steps/s, "
                 f"duty {att.get('duty_ratio')}, work rate {att.get('work_rate_ratio')}, "
                 f"tree {att.get('tree_cpu_s')} CPU-s, per step {att.get('per_step')}")
@@ -331,6 +366,10 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
                             "faults_per_step": paired_stat([w["faults_per_step_ratio"] for w in ws
                                                             if w.get("faults_per_step_ratio")]),
                             "fault_adjusted": fault_adjusted(ws),
+                            **{k: paired_stat([w[k + "_ratio" if k.startswith("control_") else k] for w in ws
+                                               if w.get(k + "_ratio" if k.startswith("control_") else k)])
+                               for k in ("control_rate", "control_work_rate", "ratio_over_control",
+                                         "work_rate_over_control") if CONTROL is not None},
                             "steal_share_median": round(statistics.median(
                                 [w["split"]["steal_share"] for w in seq if w.get("split")] or [0.0]), 5)}
     return out
@@ -343,7 +382,10 @@ def paired_line(r: dict[str, Any]) -> str:
         lines.append(f"  {arm:<14} attached/detached {a.get('ratio')} (95% CI {a.get('ci95')}, +-{a.get('half_width_pct')}%, "
                      f"{a.get('n')} pairs, {a.get('below_1')} below 1; about {a.get('pairs_for_1pct')} pairs resolve 1%) "
                      f"median {a.get('ratio_median')}, tree {a.get('tree_cpu_s_median')} CPU-s, per step {a.get('per_step_median')}")
-        for part in ("duty", "work_rate", "user_work_rate", "faults_per_step", "fault_adjusted"):
+        for part in ("duty", "work_rate", "user_work_rate", "faults_per_step", "fault_adjusted", "control_rate",
+                     "control_work_rate", "ratio_over_control", "work_rate_over_control"):
+            if part not in a:
+                continue
             x = a.get(part) or {}
             lines.append(f"    {part:<10} attached/detached {x.get('ratio')} (95% CI {x.get('ci95')}, "
                          f"+-{x.get('half_width_pct')}%, {x.get('n')} pairs, sd_log {x.get('sd_log')})")
@@ -371,10 +413,18 @@ def main() -> int:
     ap.add_argument("--job-env", default="",
                     help="KEY=VALUE,... in the job's environment (e.g. OMP_NUM_THREADS=1: its loop with one "
                          "intra-op thread); the case's name says so")
+    ap.add_argument("--control-cpu", type=int, default=None,
+                    help="paired design: run benchmarks/cost_control.py pinned to this CPU beside the job, and "
+                         "give each ratio over the bystander's in the same windows (the host's speed of the moment)")
     ap.add_argument("--job-cmd", default=None,
                     help="another job printing `PROGRESS t= steps=` lines ({python}, {variant}, {workers} filled in): "
                          "to try the harness without a GPU")
     a = ap.parse_args()
+    global CONTROL
+    if a.control_cpu is not None and a.design == "paired":
+        CONTROL = Job("control", 0, f"taskset -c {a.control_cpu} {{python}} {CONTROL_SCRIPT}",
+                      job_env={"OMP_NUM_THREADS": "1"})
+        atexit.register(CONTROL.stop)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
