@@ -33,8 +33,9 @@ read after the run. `--control-cpu N` runs a bystander (benchmarks/cost_control.
 a working set in the core's own caches) pinned to CPU N through every window and gives each ratio over
 the bystander's in the same windows (`ratio_over_control`, `work_rate_over_control`), with the
 bystander's own ratios beside them: the host's speed of the moment moves both, the agent's
-preempting the bystander moves only its rate, not its work rate. One summary file (gpu_paired.json) and one line per arm; the cost-model check of bench_cost.py on the attached
-windows; exit 1 when that check fails.
+preempting the bystander moves only its rate, not its work rate. One summary file (gpu_paired.json)
+and one line per arm; the cost-model check of bench_cost.py on the attached windows; exit 1 when that
+check fails.
 
     pip install --no-index .whl/py_spy-*.whl
     PYTHONPATH=$PWD timeout 470 python3 benchmarks/gpu_cost.py --design paired --cases data:0 \
@@ -159,7 +160,7 @@ def _split(a: dict[str, float] | None, b: dict[str, float] | None, steps: float)
     user = b["utime_s"] - a["utime_s"]
     return {"duty": (b["run_s"] - a["run_s"]) / dt, "work_rate": steps / (b["run_s"] - a["run_s"]),
             # steps per second of the loop's user-mode CPU: its work with the kernel's page-fault
-            # handling left out (see fault_adjusted in run_paired)
+            # handling left out
             "user_work_rate": steps / user if user > 0 else None,
             "faults_per_step": (b["minflt"] - a["minflt"]) / steps,
             "steal_share": (b["steal"] - a["steal"]) / tot if tot > 0 else 0.0}
@@ -189,6 +190,11 @@ def _steps(job: "Job", t0: float, t1: float) -> tuple[float, float]:
 # The bystander loop (--control-cpu): started by main, read at every window's edges beside the job.
 CONTROL: "Job | None" = None
 CONTROL_SCRIPT = Path(__file__).resolve().parent / "cost_control.py"
+
+
+# (statistic, the attached window's key): the bystander's own ratios and the job's over them
+CONTROL_STATS = (("control_rate", "control_rate_ratio"), ("control_work_rate", "control_work_rate_ratio"),
+                 ("ratio_over_control", "ratio_over_control"), ("work_rate_over_control", "work_rate_over_control"))
 
 
 def _control_facts() -> dict[str, float] | None:
@@ -270,14 +276,13 @@ def paired_stat(ratios: list[float]) -> dict[str, Any]:
 
 
 def fault_adjusted(ws: list[dict[str, Any]]) -> dict[str, Any]:
-    """The whole effect on steps/s with the job's own page-fault swing taken out: the paired
-    log(ratio) regressed on the paired log(faults per step ratio), the intercept (the ratio at the
-    neighbours' fault count) with its 95% interval. The loop's large allocations fault in fresh pages
-    every step, as many as the allocator's state of the moment asks (37-43 thousand a step on the
-    data-heavy job without workers), and its pace follows them; the agent touches none of the job's
-    memory (its py-spy reads it from outside), so the fault count is the job's own and the
-    intercept is what the agent costs at an unchanged count. `faults_per_step` beside it checks
-    that premise: its ratio must be ~1."""
+    """The whole effect on steps/s at an unchanged page-fault count: the paired log(ratio) regressed on
+    the paired log(faults per step ratio), the intercept with its 95% interval, the slope and r^2.
+    The loop's large allocations fault in fresh pages every step (34-43 thousand a step on the
+    data-heavy job without workers), as many as the allocator's state of the moment asks; whether its
+    pace follows them is what r^2 says (on the H100 and H200 runs on record it did not: 0.02-0.51).
+    `faults_per_step` beside it says whether the count is the job's own (attached windows read 3-6%
+    fewer faults a step in the 2026-12-06 runs: the premise does not quite hold)."""
     pts = [(math.log(w["faults_per_step_ratio"]), math.log(w["ratio"])) for w in ws
            if w.get("faults_per_step_ratio") and w.get("ratio")]
     n = len(pts)
@@ -343,8 +348,8 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
     det = [w for w in seq if w["arm"] == "detached"]
 
     def facts(ws: list[dict[str, Any]]) -> dict[str, Any]:
-        keys = ("thread_cpu_ms", "thread_user_ms", "thread_kernel_ms", "runqueue_wait_ms", "voluntary_switches", "involuntary_switches", "minor_faults",
-                "major_faults")
+        keys = ("thread_cpu_ms", "thread_user_ms", "thread_kernel_ms", "runqueue_wait_ms", "voluntary_switches",
+                "involuntary_switches", "minor_faults", "major_faults")
         ps = [w["per_step"] for w in ws if w.get("per_step")]
         return {k: round(statistics.median(p[k] for p in ps), 3) for k in keys if all(k in p for p in ps)} if ps else {}
 
@@ -366,10 +371,8 @@ def run_paired(job: "Job", name: str, window: float, arms: list[tuple[str, list[
                             "faults_per_step": paired_stat([w["faults_per_step_ratio"] for w in ws
                                                             if w.get("faults_per_step_ratio")]),
                             "fault_adjusted": fault_adjusted(ws),
-                            **{k: paired_stat([w[k + "_ratio" if k.startswith("control_") else k] for w in ws
-                                               if w.get(k + "_ratio" if k.startswith("control_") else k)])
-                               for k in ("control_rate", "control_work_rate", "ratio_over_control",
-                                         "work_rate_over_control") if CONTROL is not None},
+                            **{name: paired_stat([w[key] for w in ws if w.get(key)])
+                               for name, key in CONTROL_STATS if CONTROL is not None},
                             "steal_share_median": round(statistics.median(
                                 [w["split"]["steal_share"] for w in seq if w.get("split")] or [0.0]), 5)}
     return out
@@ -382,8 +385,8 @@ def paired_line(r: dict[str, Any]) -> str:
         lines.append(f"  {arm:<14} attached/detached {a.get('ratio')} (95% CI {a.get('ci95')}, +-{a.get('half_width_pct')}%, "
                      f"{a.get('n')} pairs, {a.get('below_1')} below 1; about {a.get('pairs_for_1pct')} pairs resolve 1%) "
                      f"median {a.get('ratio_median')}, tree {a.get('tree_cpu_s_median')} CPU-s, per step {a.get('per_step_median')}")
-        for part in ("duty", "work_rate", "user_work_rate", "faults_per_step", "fault_adjusted", "control_rate",
-                     "control_work_rate", "ratio_over_control", "work_rate_over_control"):
+        for part in ("duty", "work_rate", "user_work_rate", "faults_per_step", "fault_adjusted",
+                     *(name for name, _ in CONTROL_STATS)):
             if part not in a:
                 continue
             x = a.get(part) or {}
