@@ -183,6 +183,15 @@ def machine_speed() -> tuple[float, str]:
                f"every figure x{f:.2f}")
 
 
+def startup_speed() -> float | None:
+    """The CLI's start-up over the models' (unclamped: below 1 on a machine faster than the models), or
+    None where it was not measured or compiled bytecode. The plan never scales its figures down (they
+    are the budget's guard); the cost benchmarks compare the model at this speed."""
+    if not _startup or _startup[0][1] >= COMPILED_MIN:
+        return None
+    return _startup[0][0] / AGENT_START_NOMINAL_CPU_S
+
+
 def _scaled(c: ProbeCost, speed: float) -> ProbeCost:
     if speed == 1.0:
         return c
@@ -200,6 +209,7 @@ class Plan:
     over_budget: str | None = None
     speed: float = 1.0
     speed_basis: str = ""
+    startup_speed: float | None = None
 
     @property
     def agent_cpu_s(self) -> float:
@@ -222,6 +232,7 @@ class Plan:
             "agent_cpu_seconds": round(self.agent_cpu_s, 3),
             "probes": {k: v.to_dict() for k, v in self.probes.items()}, "skipped": dict(self.skipped),
             "over_budget": self.over_budget, "speed_factor": round(self.speed, 3), "speed_basis": self.speed_basis,
+            **({"startup_speed": round(self.startup_speed, 3)} if self.startup_speed is not None else {}),
         }
 
 
@@ -253,7 +264,8 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
     """
     total, basis = budget_cpu_s(job, spec.window_s)
     sp, sp_basis = speed if speed is not None else machine_speed()
-    p = Plan(total, basis, BUDGET_RSS_MB, job, speed=sp, speed_basis=sp_basis)
+    p = Plan(total, basis, BUDGET_RSS_MB, job, speed=sp, speed_basis=sp_basis,
+             startup_speed=startup_speed() if speed is None else None)
     if enforce:
         for pr in probes:
             why = pr.adds_nothing(spec, job)

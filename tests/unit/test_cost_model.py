@@ -149,3 +149,16 @@ def test_a_cold_start_up_plans_at_the_models_speed_and_says_why(tmp_path):
     time.sleep(0.3)
     warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "compiled" not in warm.stdout and "start-up took" in warm.stdout
+
+
+def test_the_plan_records_the_start_ups_unclamped_speed(monkeypatch):
+    """The plan's factor is never below 1 (the budget's guard); the start-up's own ratio beside it,
+    below 1 on a machine faster than the models, lets the cost benchmarks compare the model there."""
+    monkeypatch.setattr(cost, "_startup", [(cost.AGENT_START_NOMINAL_CPU_S * 0.6, 0)])
+    assert cost.machine_speed()[0] == 1.0
+    assert abs(cost.startup_speed() - 0.6) < 1e-9
+    p = cost.plan(WatchSpec(pid=1, window_s=10), [], JobShape(pid=1, processes=(1,)))
+    assert p.to_dict()["speed_factor"] == 1.0 and p.to_dict()["startup_speed"] == 0.6
+    monkeypatch.setattr(cost, "_startup", [(0.3, cost.COMPILED_MIN)])       # compiled bytecode: no measure
+    assert cost.startup_speed() is None
+    assert "startup_speed" not in cost.plan(WatchSpec(pid=1, window_s=10), [], JobShape(pid=1, processes=(1,))).to_dict()
