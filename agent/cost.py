@@ -178,7 +178,7 @@ def machine_speed() -> tuple[float, str]:
     if compiled >= COMPILED_MIN:
         return 1.0, (f"the models as measured: the CLI's start-up ({took:.3f} CPU-s) compiled {compiled} modules' "
                      "bytecode (no cache), which says nothing of this machine's speed")
-    f = min(SPEED_MAX, max(1.0, took / AGENT_START_NOMINAL_CPU_S))
+    f = min(SPEED_MAX, max(1.0, startup_speed() or 1.0))
     return f, (f"the CLI's start-up took {took:.3f} CPU-s against the models' {AGENT_START_NOMINAL_CPU_S:g}: "
                f"every figure x{f:.2f}")
 
