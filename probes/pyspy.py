@@ -83,6 +83,7 @@ MIN_MAIN_RATE_HZ = 10          # 100 samples per 10 s: shares to +-10 points; co
 # steady job between 0.42 and 0.79 and its expected speedup between 1.58x and 1.0x. 150 samples cost
 # about 0.06 CPU-s, whatever the window.
 MIN_MAIN_SAMPLES = 150
+HOLDER_FILES = 12            # source files kept per GIL holder (its package: what the thread is)
 MAX_PLANNED_RATE_HZ = 100      # short windows raise the rate up to this, no further
 
 
@@ -618,7 +619,11 @@ def _ownership(gil_doc: dict[str, Any] | None, meta: dict[str, Any]) -> tuple[di
         if h.tid is not None:
             shares[h.tid] = shares.get(h.tid, 0.0) + share
         top = max(h.leaves.items(), key=lambda kv: kv[1])[0] if h.leaves else None
-        rows.append({"tid": h.tid, "name": h.name, "samples": h.samples, "share": round(share, 4), "frame": top})
+        # the source files on its stacks (the package a thread belongs to: a progress bar's refresh
+        # thread shows rich's and its framework's files), the most sampled first
+        files = [f for f, _ in sorted(h.files.items(), key=lambda kv: -kv[1])][:HOLDER_FILES]
+        rows.append({"tid": h.tid, "name": h.name, "samples": h.samples, "share": round(share, 4), "frame": top,
+                     "files": files})
     out.update({"measured": True, "reason": None, "samples": n, "threads": rows,
                 "held_share": round(min(1.0, sum(h.samples for h in holders) / n), 4)})
     return out, shares

@@ -235,6 +235,7 @@ class GilHolderShare(TypedDict):
     samples: int                            # GIL sampler samples in which it held the GIL
     share: float                            # of all the sampler's samples
     frame: Optional[str]                    # its innermost frame most often while it held it
+    files: list[str]                        # source files on its stacks while it held it, most sampled first
 
 
 class GilOwnership(TypedDict):

@@ -36,7 +36,37 @@ WAIT_SHARE = 0.10            # the training thread waits for the GIL at least th
 MIN_WAIT_SAMPLES = 3
 
 
-def _holder_fixes(name: str, where: str, knobs: dict | None = None) -> list[Fix]:
+# Threads a framework starts, known by a source file on the stacks in which they held the GIL, and
+# the setting that stops them: (files, what the thread is, the fix, its knobs).
+KNOWN_HOLDERS = (
+    (("lightning/pytorch/callbacks/progress/rich_progress.py",
+      "pytorch_lightning/callbacks/progress/rich_progress.py"),
+     "Lightning's RichProgressBar refresh thread (the Trainer picks that bar whenever rich is installed; "
+     "the thread redraws the bar's table under the GIL, up to refresh_rate times a second)",
+     "Trainer(..., enable_progress_bar=False), or Trainer(..., callbacks=[TQDMProgressBar()]) to keep a bar "
+     "drawn from the training thread (no thread of its own)",
+     {"enable_progress_bar": False}),
+    (("rich/live.py",),
+     "rich's Live auto-refresh thread (a rich Progress or Live display)",
+     "Progress(..., auto_refresh=False) and refresh from the loop every N steps, or a lower refresh_per_second",
+     None),
+)
+
+
+def known_holder(files: list[str] | None) -> tuple[str, str, dict | None] | None:
+    """(what the thread is, its fix, knobs) for a GIL holder whose stacks show a known package's file."""
+    for marks, what, fix, knobs in KNOWN_HOLDERS:
+        if any(f.endswith(m) or ("/" + m) in f for f in files or [] for m in marks):
+            return what, fix, knobs
+    return None
+
+
+def _holder_fixes(name: str, where: str, knobs: dict | None = None, files: list[str] | None = None) -> list[Fix]:
+    known = known_holder(files)
+    if known is not None:
+        what, fix, own = known
+        return [Fix(f"Stop thread '{name}' from holding the GIL: it is {what}", change=fix,
+                    knobs=own if own is not None else knobs)]
     return [Fix(f"Stop thread '{name}' from holding the GIL: it runs pure Python without pausing at {where}",
                 change=f"in '{name}': wait between iterations (stop_event.wait(0.1) or time.sleep) or do its work in "
                        "batches, so the training thread gets the GIL back", knobs=knobs),
@@ -239,7 +269,7 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
     conf = "medium" if (m["samples"] >= 50 and m["gil_samples"] >= 40) else "low"
     title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time: thread '{name}' "
              f"(tid {tid}) held it {pct(t['share'])} of the window")
-    fixes = _holder_fixes(name, where, {"background_thread_holds_gil": False})
+    fixes = _holder_fixes(name, where, {"background_thread_holds_gil": False}, t.get("files"))
     return Finding("gil.contention", title, speedup, bound, conf, facts, fixes, risk="low", interval=interval,
                    details={"holder": {"name": name, "tid": tid, "gil_share": t["share"], "frame": t.get("frame")},
                             "gil_wait_share": m["g"], "source": "gil_ownership",

@@ -233,23 +233,45 @@ def _after_torch(torch) -> None:
         _log(f"patch failed: {type(exc).__name__}: {exc}")
 
 
-class _TorchHook(importlib.abc.MetaPathFinder):
-    """Runs _after_torch once `import torch` has finished executing."""
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs `after(module)` once `import NAME` has finished executing."""
+
+    def __init__(self, name: str, after) -> None:
+        self.name, self.after = name, after
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         run = spec.loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module, _after=self.after):
             run(module)
-            _after_torch(module)
+            try:
+                _after(module)
+            except Exception as exc:  # noqa: BLE001 - the job runs on; the harness sees the log
+                _log(f"patch of {name} failed: {type(exc).__name__}: {exc}")
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _patch_trainer(module) -> None:
+    """Lightning's Trainer keyword: enable_progress_bar (the bar's refresh thread off)."""
+    cls = getattr(module, "Trainer", None)
+    if cls is None or getattr(cls, "_trainprobe_patched", False):
+        return
+    init, value = cls.__init__, bool(_KNOBS["enable_progress_bar"])
+
+    def __init__(self, *args, **kwargs):
+        before = kwargs.get("enable_progress_bar")
+        kwargs["enable_progress_bar"] = value
+        _log(f"{module.__name__}.Trainer: enable_progress_bar {before!r} -> {value!r}")
+        init(self, *args, **kwargs)
+    cls.__init__ = __init__
+    cls._trainprobe_patched = True
 
 
 def _injected_thread(mode: str) -> None:
@@ -287,11 +309,17 @@ def _chain() -> None:
             return
 
 
+if "enable_progress_bar" in _KNOBS and _IS_OWNER:
+    for _mod in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
+        if _mod in sys.modules:
+            _patch_trainer(sys.modules[_mod])
+        else:
+            sys.meta_path.insert(0, _ImportHook(_mod, _patch_trainer))
 if _KNOBS or _PROGRESS:
     if "torch" in sys.modules:
         _after_torch(sys.modules["torch"])
     else:
-        sys.meta_path.insert(0, _TorchHook())
+        sys.meta_path.insert(0, _ImportHook("torch", _after_torch))
 if _IS_OWNER and os.environ.get("TRAINPROBE_LEDGER_THREAD"):
     _injected_thread(os.environ["TRAINPROBE_LEDGER_THREAD"])
 try:

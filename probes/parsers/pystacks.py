@@ -7,7 +7,7 @@ needs were read at capture time and are passed in as a mapping "filename:line" -
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from trainprobe.probes.errors import parser
@@ -415,6 +415,7 @@ class GilHolding:
     name: str | None
     samples: int                        # samples in which this thread held the GIL
     leaves: dict[str, int]              # its innermost frame in those samples -> count
+    files: dict[str, int] = field(default_factory=dict)   # every source file on those stacks -> samples
 
 
 @parser("py-spy speedscope read_gil_speedscope")
@@ -437,6 +438,7 @@ def read_gil_speedscope(doc: Mapping[str, Any]) -> list[GilHolding]:
         if m:
             tid, name = int(m.group(1)), m.group(2)
         leaves: dict[str, int] = {}
+        files: dict[str, int] = {}
         for s in samples:
             idx = [i for i in s if isinstance(i, int) and 0 <= i < len(frames)]
             real = [frames[i] for i in idx if frames[i].get("file")]
@@ -445,13 +447,15 @@ def read_gil_speedscope(doc: Mapping[str, Any]) -> list[GilHolding]:
                 tm = _THREAD_FRAME.match(str(p.get("name") or ""))
                 if tm:
                     tid, name = int(tm.group(1)), tm.group(2) or name
+            for f in {str(fr_.get("file")) for fr_ in real}:
+                files[f] = files.get(f, 0) + 1
             if real:
                 f = real[-1]
                 fr = Frame(str(f.get("name") or ""), str(f.get("file") or ""), int(f.get("line") or 0))
                 lab = f"{fr.name} ({fr.short}:{fr.line})" if fr.line else f"{fr.name} ({fr.short})"
                 leaves[lab] = leaves.get(lab, 0) + 1
         if samples:
-            out.append(GilHolding(tid, name, len(samples), leaves))
+            out.append(GilHolding(tid, name, len(samples), leaves, files))
     return out
 
 

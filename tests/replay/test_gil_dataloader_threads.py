@@ -1,14 +1,18 @@
 """The DataLoader's own threads are never GIL suspects (agent/combiners/gil_wait.py): Lightning's
 GAN template with 16 workers, captured on an H200, where the pin-memory thread held the GIL in 4 of
-39 samples (recvfds) and was once blamed for a 1.28x GIL wait."""
+39 samples (recvfds) and was once blamed for a 1.28x GIL wait. In a later capture of the same job (an
+H100) the Trainer's RichProgressBar refresh thread held it in 4 samples too, beside the pin-memory
+thread's 4: the wait is at most the refresh thread's share, and the fix names the bar's setting."""
 from trainprobe.agent import bundle as bundle_mod
 from trainprobe.agent.combiners.gil_wait import dataloader_thread, gil_wait, ownership
 from trainprobe.agent.diagnosis import evidence_from
 from trainprobe.agent.report import diagnose
+from trainprobe.agent.rules.gil_contention import known_holder
 
 from tests.helpers import DATA
 
 BUNDLE = DATA / "ledger" / "public" / "bundles" / "lightning-gan-gpu-r2.tar.gz"
+RICH = DATA / "ledger" / "public" / "bundles" / "lightning-gan-gpu-r3.tar.gz"
 
 
 def test_the_pin_memory_thread_holds_the_gil_but_is_no_suspect():
@@ -27,3 +31,39 @@ def test_dataloader_thread_names():
         assert dataloader_thread(name)
     for name in ("injected-gil-spinner", "metrics-spinner", "Thread-3", None):
         assert not dataloader_thread(name)
+
+
+def test_the_wait_is_at_most_what_the_suspects_held():
+    ev = evidence_from(*_load(RICH))
+    own = ownership(ev)
+    held = {t["name"]: t for t in own["threads"]}
+    pin = next(n for n in held if "_pin_memory_loop" in n)
+    assert held[pin]["samples"] >= 3 and held["Thread-3"]["samples"] >= 3
+    m = gil_wait(ev)
+    assert [t["name"] for t in m["suspects"]] == ["Thread-3"]
+    # the probe's own split counted both threads (0.21 of the window); without the pin-memory
+    # thread's share the wait is the refresh thread's alone
+    assert m["g"] <= m["h"] + 1e-9 < own["others_share"]
+
+
+def test_lightnings_rich_refresh_thread_is_named_with_its_setting():
+    ev = evidence_from(*_load(RICH))
+    rich = next(t for t in ownership(ev)["threads"] if t["name"] == "Thread-3")
+    assert any(f.endswith("lightning/pytorch/callbacks/progress/rich_progress.py") for f in rich["files"])
+    f = next(f for f in diagnose(ev)[0] if f.id == "gil.contention")
+    assert "RichProgressBar" in f.fixes[0].title and "enable_progress_bar=False" in f.fixes[0].change
+    assert f.fixes[0].knobs == {"enable_progress_bar": False}
+    assert f.expected_speedup < 1.25                  # a 10% wait, not the 21% both threads held
+
+
+def test_known_holders_by_file():
+    assert known_holder(["/x/site-packages/lightning/pytorch/callbacks/progress/rich_progress.py"])[2] == {
+        "enable_progress_bar": False}
+    assert known_holder(["/x/site-packages/rich/live.py"])[2] is None
+    assert known_holder(["/x/site-packages/rich/progress.py", "/x/train.py"]) is None
+    assert known_holder(None) is None
+
+
+def _load(path):
+    b = bundle_mod.load(str(path))
+    return b.captures, b.context
