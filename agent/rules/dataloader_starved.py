@@ -204,6 +204,10 @@ def _churn(sm: StepModel | None, w: int, facts: list[Fact]) -> tuple[float, tupl
              f"joining them (py-spy) and about {m[1] - 1:g}x that again in copy-on-write faults after each fork "
              f"(fitted to the ledger), at most half the loop's own time; persistent workers remove both: "
              + sm.derivation("with persistent workers", step).split("; ", 1)[1])
+    if sm.one_start_only(Change(persistent=True, workers=w)):
+        bound += ("; the window saw the workers started once, which cannot tell the epoch's length (an epoch "
+                  "longer than the window holds its start in a smaller share of the job): the number is the "
+                  "geometric mean of the step with the window's share and with none of it")
     return step.speedup, step.interval, bound
 
 

@@ -1,4 +1,4 @@
-"""The DataLoader's own threads are never GIL suspects (agent/combiners/gil_wait.py): Lightning's
+"""Lightning's GAN template's captures. The DataLoader's own threads are never GIL suspects (agent/combiners/gil_wait.py): Lightning's
 GAN template with 16 workers, captured on an H200, where the pin-memory thread held the GIL in 4 of
 39 samples (recvfds) and was once blamed for a 1.28x GIL wait. In a later capture of the same job (an
 H100) the Trainer's RichProgressBar refresh thread held it in 4 samples too, beside the pin-memory
@@ -67,3 +67,24 @@ def test_known_holders_by_file():
 def _load(path):
     b = bundle_mod.load(str(path))
     return b.captures, b.context
+
+
+GAN_R4 = DATA / "ledger" / "public" / "bundles" / "lightning-gan-gpu-r4.tar.gz"
+
+
+def test_a_single_start_of_the_workers_is_not_the_jobs_share():
+    """The same job, a window that saw its 16 workers started once (epochs of about 20 s): the start
+    counts the queues, locks and forks, not the sampler's permutation (which persistent workers draw
+    again each epoch), and the gain of keeping them is the geometric mean of the window's share and
+    none of it, its low end no gain."""
+    from trainprobe.agent.combiners.step_model import Change, from_evidence
+    ev = evidence_from(*_load(GAN_R4))
+    tt = ev.get("pyspy")["training_thread"]
+    assert 0.3 < tt["worker_startup_seconds"] < 0.4          # 0.46 s with the sampler's 0.10 s
+    sm = from_evidence(ev)
+    assert sm.churn_starts == 1 and sm.one_start_only(Change(persistent=True, workers=16))
+    step = sm.after(Change(persistent=True, workers=16))
+    lo, hi = step.interval
+    assert lo <= 1.0 < step.speedup < 1.2 < hi
+    f = next(f for f in diagnose(ev)[0] if f.id == "dataloader.starved")
+    assert "started once" in f.speedup_bound
