@@ -40,7 +40,7 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -263,6 +263,7 @@ class PublicJob:
     expect_not: tuple[str, ...] = ()           # findings it must not get
     background: str = ""                       # its background Python threads, in words
     pythonpath: tuple[str, ...] = ()           # work-dir paths the project's README installs (pip install -e .)
+    sites: tuple[str, ...] = ()                # .public/ directories of extra packages (see their jobs)
     longest: float = 30.0                      # a rate window may stretch this long (a pass with no steps)
 
     @property
@@ -371,6 +372,11 @@ def cpu_jobs() -> list[PublicJob]:
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   longest=60.0),
         _pl_basics("lightning-backbone-cpu", "backbone_image_classifier.py", PL_BACKBONE, cpu=True),
+        # The same job with rich installed (`pip install --target .public/site-rich rich`): Lightning's
+        # Trainer then draws a RichProgressBar, whose refresh thread redraws it under the GIL.
+        replace(_pl_basics("lightning-backbone-cpu-rich", "backbone_image_classifier.py",
+                           PL_BACKBONE + " (rich installed: the Trainer's RichProgressBar)", cpu=True),
+                sites=("site-rich",), background="Lightning's RichProgressBar refresh thread (rich)"),
         _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
@@ -581,6 +587,7 @@ class PublicProc(Job):
             env["TRAINPROBE_LEDGER_THREAD"] = thread
         site = PUBLIC / "site"          # packages this machine lacks (torchvision on the CPU machine)
         env["PYTHONPATH"] = os.pathsep.join([str(INJECT)] + [str(w / x) for x in job.pythonpath]
+                                            + [str(PUBLIC / x) for x in job.sites]
                                             + ([str(site)] if site.exists() else [])
                                             + [p for p in [os.environ.get("PYTHONPATH")] if p])
         self.argv = [PY, str(w / job.script), *job.argv, *extra_argv]

@@ -758,9 +758,17 @@ def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float],
     return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup)), how
 
 
+# A job run with extra packages installed (`lightning-backbone-cpu-rich`: rich, so Lightning draws a
+# RichProgressBar) is the same script on the same data: the same job, left out with it.
+VARIANT_SUFFIXES = ("-rich",)
+
+
 def job_of(case: str) -> str:
     """The job a ledger row measured: a re-run of a job (`vae-gpu-r2`) is the same job, left out with it."""
-    return re.sub(r"-r\d+$", "", case)
+    job = re.sub(r"-r\d+$", "", case)
+    for v in VARIANT_SUFFIXES:
+        job = job.removesuffix(v)
+    return job
 
 
 def _job_key(x: dict[str, Any]) -> tuple[str, str]:
