@@ -623,7 +623,7 @@ class StepModel:
             # The window saw the workers started once: an epoch longer than the window holds one start
             # in a share of the job the window cannot tell (Lightning's GAN template: 0.35 s of starting
             # 16 workers in a 4.6 s window, in epochs of about 20 s; persistent workers measured 0.98x
-            # for a printed 1.22x). As with a single evaluation pass: the middle is the geometric mean
+            # where the window's share gave 1.22x). As with a single evaluation pass: the middle is the geometric mean
             # of the step with the window's share and with none of it, the longest step counts none.
             none = replace(self, churn_s=0.0)
             mid = math.sqrt(mid * none._at(ch, "mid", cal)[0])
