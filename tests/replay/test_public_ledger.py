@@ -171,7 +171,7 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
 @pytest.mark.xfail(reason="one of the targets is not met on public code (2026-12-06, ninth round; held out, each "
                           "job once: 30 of 32 within 0.8-1.25, median |log| 0.125 against 0.10): the folds that leave "
                           "out the VAE or mnist_rnn on 2 CPUs fit a larger hand-off from Lightning's 2-CPU jobs, whose "
-                          "worker gains less than modelled (backbone 1.24 over nine runs, autoencoder 1.16 over "
+                          "worker gains less than modelled (backbone 1.22 over ten runs, autoencoder 1.16 over "
                           "eight), so those two, which gain more (0.86 and 0.86), are under-predicted; timm's JPEG "
                           "pipeline on 15-batch epochs gains less from more workers than its steady step says "
                           "(2.50x and 2.66x measured), MNIST on 2 CPUs (1.01x for 0.79x in its first run), compiled "
