@@ -72,11 +72,18 @@ def test_e_is_the_other_threads_work_less_the_loops_barrier_wait_over_its_comput
     assert "spun or waited in the OpenMP runtime 67%" in m.par_basis
 
 
-def test_a_team_that_spun_loses_little_to_one_thread_and_a_working_one_loses_much():
+def test_the_measure_is_reported_but_the_fitted_efficiency_sets_the_middle():
+    # Held out over the four ledgers the team's CPU-clock samples predicted the cap's cost worse than
+    # the fitted par_eff (docs/models.md): a spinning and a working team get the same middle, and the
+    # derivation names both the fitted e and what the samples read.
     ch = Change(workers=1, intra_threads=1, persistent=True)
-    spinning, working = _model(450, 420, 0).after(ch), _model(301, 1, 0).after(ch)
-    assert spinning.speedup > 1.3 > 1.0 > working.speedup, (spinning, working)
-    assert spinning.capped
+    spin_m, work_m = _model(450, 420, 0), _model(301, 1, 0)
+    spinning, working = spin_m.after(ch), work_m.after(ch)
+    assert spinning.capped and spinning.speedup == working.speedup
+    assert spin_m.par("mid", step_model.CAL) == step_model.CAL.par_eff[1]
+    assert spin_m.par("hi", step_model.CAL) >= spin_m.par_measured[2]
+    words = spin_m.derivation("with 1 worker and 1 intra-op thread", spinning)
+    assert f"e = {step_model.CAL.par_eff[1]:g}, fitted on the ledgers" in words and "would read e = " in words
 
 
 def test_no_samples_keep_the_calibrated_efficiency():
