@@ -39,7 +39,10 @@ def test_waits_and_the_kernels_split_are_drawn_apart_from_compute(tmp_path):
         job.wait()
     svg = out.read_text()
     waits = re.findall(r'data-wait="1"><title>([^\n<]*)', svg)
-    assert "Event.wait (threading.py)" in waits and not any(w.startswith("compute") for w in waits)
+    # (Event.wait is drawn as a wait when all its samples waited; on a loaded machine some catch the
+    # thread runnable inside it, after its timeout, and only Condition.wait beneath it is all waiting)
+    assert {"Event.wait (threading.py)", "Condition.wait (threading.py)"} & set(waits), waits
+    assert not any(w.startswith("compute") for w in waits)
     bar = {m.group(1): float(m.group(2)) for m in re.finditer(r'class="tp-(on-cpu|runqueue|off-cpu)" '
                                                              r'data-seconds="([0-9.]+)"', svg)}
     wall = sum(bar.values())
