@@ -536,6 +536,10 @@ def prepare(job: PublicJob) -> Path:
     src = src_dir(job.repo)
     if not (src / ".commit").exists():
         raise RuntimeError(f"{job.repo} is not in {SRC}: run --fetch first")
+    for x in job.sites:
+        if not (PUBLIC / x).exists():
+            raise RuntimeError(f"{PUBLIC / x} is missing: install the job's extra packages there first "
+                               f"(lightning-backbone-cpu-rich: pip install --target {PUBLIC / x} rich)")
     if not (w / ".commit").exists():
         shutil.rmtree(w, ignore_errors=True)
         shutil.copytree(src, w)
