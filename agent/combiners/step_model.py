@@ -55,7 +55,7 @@ preemption), and lengthens it where the job held fewer CPUs than it will (U / H'
 holds after the cap: its threads and workers, at most P less what other processes take):
     loop' = loop (1 - sigma) U / H',
 never less than its compute's work at the n threads' parallel speed, ((C - r) + e (L - 1) C) /
-(1 + e (n - 1)) (e measured from the threads' CPU-clock samples, else par_eff).
+(1 + e (n - 1)) (e the fitted par_eff; the threads' CPU-clock samples are reported beside it).
 sigma is read from the team's involuntary context switches per held core (each costs
 SWITCH_COST_S of refill and re-wait: a preempted spinner or a thread woken into a busy CPU), at
 most SIGMA_MAX; the probes cannot tell a spinning thread from a working one, so the interval runs
@@ -425,16 +425,10 @@ class StepModel:
         return f
 
     def par(self, sc: str, cal: Calibration) -> float:
-        """The intra-op team's parallel efficiency e: measured from its threads' CPU samples where the
-        window has them (par_measured), else the calibration's par_eff."""
-        i = SCENARIOS.index(sc)
-        if self.par_measured is None:
-            return cal.par_eff[i]
-        # The threads' CPU samples widen the range, never set the middle: held out over the four
-        # ledgers the fitted constant predicted the caps better than the measure (docs/models.md).
-        if i == 1:
-            return cal.par_eff[1]
-        return min(self.par_measured[0], cal.par_eff[0]) if i == 0 else max(self.par_measured[2], cal.par_eff[2])
+        """The intra-op team's parallel efficiency e: the calibration's par_eff."""
+        # The threads' CPU samples (par_measured) are reported, not used: held out over the four ledgers
+        # the fitted constant predicted the caps better than they did (docs/models.md).
+        return cal.par_eff[SCENARIOS.index(sc)]
 
     def spin_beyond(self, n: int, c: float | None = None) -> float:
         """Cores of the measured team's CPU beyond (L - 1) C that a cap to n threads removes: spinning

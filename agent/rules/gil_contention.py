@@ -56,7 +56,7 @@ KNOWN_HOLDERS = (
 def known_holder(files: list[str] | None) -> tuple[str, str, dict | None] | None:
     """(what the thread is, its fix, knobs) for a GIL holder whose stacks show a known package's file."""
     for marks, what, fix, knobs in KNOWN_HOLDERS:
-        if any(f.endswith(m) or ("/" + m) in f for f in files or [] for m in marks):
+        if any(f == m or f.endswith("/" + m) for f in files or [] for m in marks):
             return what, fix, knobs
     return None
 
