@@ -73,8 +73,10 @@ def sample(app: App, pid: int | None, duration: float, rate: int, native: bool, 
         raise app.fail(f"py-spy could not sample PID {info.pid}: {reason}", code)
     prof = profiles.process_profile(profiles.stacks_of(cap), threads=threads, subprocesses=subprocesses)
     if not prof:
-        raise app.fail(f"py-spy saw no Python stack in PID {info.pid} over {result.observed_s:.1f} s",
-                       EXIT_TARGET_GONE if gone else EXIT_FAILED)
+        saw = f"py-spy saw no Python stack in PID {info.pid} over {result.observed_s:.1f} s"
+        if result.interrupted:
+            raise app.fail(f"interrupted before py-spy gathered anything ({saw})", EXIT_INTERRUPTED)
+        raise app.fail(saw, EXIT_TARGET_GONE if gone else EXIT_FAILED)
     mode = "blocking" if native else "non-blocking"
     view = ("all processes" if subprocesses else "main process") + (", one root per thread" if threads else
                                                                        ", threads merged")

@@ -377,6 +377,32 @@ def test_ctrl_c_at_start_up_is_130(workload):
             assert "Aborted!" not in err and "Traceback" not in err, err
 
 
+def test_flamegraph_interrupted_before_any_stack_is_130(monkeypatch, capsys):
+    """Ctrl-C lands after py-spy started but before it caught a Python stack: the empty profile is
+    the interruption's, not a failure (exit 130, not 1). The session is the unit's boundary here;
+    the live test above reaches this path only when the signal lands in that fraction of a second."""
+    import trainprobe.agent.session as session
+    from trainprobe.agent import cli
+    from trainprobe.probes.base import Capture
+
+    def interrupted_early(spec, probes, progress, target_alive=None):
+        caps = [Capture(probe="pyspy", artifacts={"chrometrace.json": "[]"}, meta={"pid": spec.pid}),
+                Capture(probe="process")]
+        return session.SessionResult(captures=caps, started_unix=time.time(), window_s=30.0,
+                                     observed_s=0.2, interrupted=True)
+
+    monkeypatch.setattr(session, "run_session", interrupted_early)
+    p = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        rc = cli._run(["flamegraph", "--pid", str(p.pid), "--duration", "30", "-o", "/dev/null"])
+    finally:
+        p.kill()
+        p.wait()
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert "interrupted before py-spy gathered anything" in err and "Traceback" not in err
+
+
 @pytest.mark.live
 def test_flamegraph_ctrl_c_during_the_window_is_130(workload, tmp_path):
     w = workload("--seconds", "60", "--num-workers", "0")
