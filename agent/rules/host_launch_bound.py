@@ -100,8 +100,9 @@ def launch_bound(ev: Evidence) -> Finding | None:
     sm = step_model.from_evidence(ev)
     if sm is None:
         return None
-    # Compiling an eager model fuses its kernels too: the GPU's own time may fall, by an amount host
-    # evidence cannot predict, so only the interval's top counts on it (the step model's compile_fusion).
+    # Compiling an eager model fuses its kernels too: the loop's and the GPU's time fall by an amount
+    # host evidence cannot predict; the middle counts the step model's fitted compile_fusion, the
+    # interval spans none to its optimistic end (split graphs: only the optimistic end).
     step = sm.after(Change(launch_captured=True, fusion=not comp["compiled"]))
     if step.speedup < LAUNCH_WORTH:
         if sm.split_graphs and not comp["compiled"]:
@@ -112,7 +113,11 @@ def launch_bound(ev: Evidence) -> Finding | None:
                     "language model), 1.00x and 0.97x (two GANs).")
         return None        # another constraint (the workers' pace, the GPU) sets the step after the fix
     e_lo, e_mid, e_hi = COMPILE_CAPTURE
-    fuse_lo = step_model.calibration().compile_fusion[0]
+    fuse_lo, fuse_mid, fuse_hi = step_model.calibration().compile_fusion
+    fusion_words = (f"the estimate counts no fusion (the step {_split_reason(sm.graph_break_kind)}), the interval's "
+                    f"top lets the step fall to {fuse_lo:g} of what capture alone leaves" if sm.split_graphs else
+                    f"the estimate lets the step fall to {fuse_mid:g} of what capture alone leaves (fitted on "
+                    f"compiled eager models of the ledgers), the interval from {fuse_hi:g} (no fusion) to {fuse_lo:g}")
     facts = _facts(ev, att, x)
     what = ("with CUDA graphs (the model is compiled already; CUDA graphs capture about "
             f"e={e_mid:g} ({e_lo:g}-{e_hi:g}) of the model's forward and backward time (h={sm.graph_share:.2f} of the "
@@ -122,9 +127,9 @@ def launch_bound(ev: Evidence) -> Finding | None:
             f"({e_lo:g}-{e_hi:g}) of the model's forward and backward time (h={sm.graph_share:.2f} of the step) off "
             "the step, not the optimizer's step nor the Python around the model (a framework's closure, hooks and "
             "logging), and leave the GPU's own time; compiling an eager model also fuses "
-            "its kernels, which can shorten the GPU's own time by an amount the host's evidence does not predict: "
-            f"the estimate counts no fusion, the interval's top lets the step fall to {fuse_lo:g} of what capture "
-            "alone leaves)")
+            "its kernels, which shortens the loop's and the GPU's time by an amount the host's evidence does not "
+            "predict: "
+            + fusion_words + ")")
     bound = idle_bound(att, "running the step's Python (forward, backward, optimizer)", x) + "; " + \
         sm.derivation(what, step)
     if comp["compiled"]:

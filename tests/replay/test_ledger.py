@@ -161,6 +161,25 @@ def test_a_fitted_value_replaces_the_prior_only_where_it_lowers_the_error_clearl
     assert _fit(rows, table, "k", (1, 2, 3), prior=1) == 3    # 0.2 better: fitted
 
 
+def test_constants_that_shorten_the_same_term_are_fitted_together():
+    """compile_e and compile_fusion both shorten a compiled eager model's loop: fitted apart, each with
+    the other at its prior, each takes the whole gap and the two together count it twice. The folds
+    fit them over the product of their grids, nearest the prior among equals."""
+    import math
+
+    from scripts.ledger import _fit, fit_units
+    units = fit_units({"a_pin": (0.77, 1.0), "compile_e": (0.4, 0.57), "compile_fusion": (0.8, 1.0)})
+    assert units == [(("a_pin",), [(0.77,), (1.0,)]),
+                     (("compile_e", "compile_fusion"), [(0.4, 0.8), (0.4, 1.0), (0.57, 0.8), (0.57, 1.0)])]
+    assert fit_units({"compile_fusion": (0.8, 1.0)}) == [(("compile_fusion",), [(0.8,), (1.0,)])]
+    # Each job measured 1.5x; either constant alone at its better value predicts it, both together 2x.
+    rows = [{"case": c, "key": c, "source": "x.json", "measured": 1.5} for c in ("a", "b", "c")]
+    pred = {(0.57, 1.0): 1.2, (0.65, 1.0): 1.5, (0.57, 0.8): 1.5, (0.65, 0.8): 2.0}
+    table = {c: {"compile_e+compile_fusion": dict(pred)} for c in ("a", "b", "c")}
+    best = _fit(rows, table, "compile_e+compile_fusion", tuple(pred), prior=(0.57, 1.0))
+    assert best in ((0.65, 1.0), (0.57, 0.8)) and math.isclose(pred[best], 1.5)
+
+
 def test_repetitions_are_sized_from_the_measured_spread():
     """The harness adds interleaved pairs until the ratio's 95% interval is within 5% of it: three
     tight pairs are enough, three spread ones (a shared 2-CPU machine under load) are not."""

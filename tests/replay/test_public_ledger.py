@@ -155,13 +155,13 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
     assert not {c for c, _, _ in worth} & (set(NO_GAIN_YET) - OPEN_MISSES)
 
 
-@pytest.mark.xfail(reason="one of the targets is not met on public code (2026-12-06, ninth round; held out, each "
-                          "job once: 30 of 32 within 0.8-1.25, median |log| 0.106 against 0.10): under-predicted GPU "
-                          "jobs with in-loop or re-created loading (Fabric's MNIST 0.89, mnist_rnn 0.89, "
-                          "super_resolution 0.88), compiled GPT-style jobs that beat the capture estimate (nanoGPT "
-                          "eager 0.83, chargpt 0.85, siamese 0.83), the VAE and mnist_rnn on 2 CPUs (0.88, 0.85); "
-                          "timm's JPEG pipeline on 15-batch epochs (1.39) and MNIST on 2 CPUs (1.27 in its first "
-                          "run) outside the band (docs/ledger.md)",
+@pytest.mark.xfail(reason="one of the targets is not met on every public run (2026-12-06, tenth round): with the "
+                          "calibration as it ships, 76 of 86 runs within 0.8-1.25 (88%, the target 90%; median "
+                          "|log| 0.085, median ratio 0.98, 85 of 86 covered). Outside: timm's JPEG pipeline on "
+                          "15-batch epochs (1.65, 1.53), Lightning's backbone and autoencoder on 2 CPUs in their "
+                          "second runs (1.44, 1.29) and on the GPU (1.43, 1.29), MNIST on 2 CPUs (1.27, its first "
+                          "run), minGPT's adder (1.30 for its 1.86x run), the GPU VAE (1.25), Fabric's MNIST's "
+                          "first run (0.76). Held out, each job once, every target is met (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
