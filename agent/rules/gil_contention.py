@@ -143,10 +143,8 @@ GIL_SHARE = 0.10              # the default-run estimate must reach this share t
 
 
 # The loop's own CPU time per step also shrinks once the GIL is free (fewer hand-overs, a warm
-# cache): by (1-g)^ALPHA. Fitted to the quiet CPU ledger's two GIL rows (docs/models.md; in-sample):
-# both give ALPHA = 0.46. The interval spans ALPHA_RANGE with g's error.
-ALPHA = 0.46
-ALPHA_RANGE = (0.0, 0.8)
+# cache): by (1-g)^alpha, the step model's gil_alpha (optimistic, middle, pessimistic); the interval
+# spans its ends with g's error (docs/models.md).
 OTHER_WAIT = 0.10             # off-code samples below this are GIL hand-over noise, not waits that stay
 
 
@@ -179,7 +177,7 @@ def change_of(ev: Evidence, m: dict, tid: Any) -> Change:
     CPU (OpenMP threads spin at a barrier for their master: a share g + r of their CPU)."""
     c = max(float(m.get("c") or 0.0), 0.02)
     g = min(max(float(m["g"]), 0.0), 0.97)
-    shrink = c * (1.0 - (1.0 - g) ** ALPHA)   # the loop's CPU time saved
+    shrink = c * (1.0 - (1.0 - g) ** step_model.calibration().gil_alpha[1])   # the loop's CPU time saved
     waited = min(g + max(float(m.get("r") or 0.0), 0.0), 1.0)
     return Change(gil_step=_steps(m), gil_freed_cores=_holder_cores(ev, tid) + shrink,
                   gil_freed_extra=_team_cores(ev, tid) * waited)
@@ -210,9 +208,9 @@ def _steps(m: dict) -> tuple[float, float, float]:
 
 
 def _gain(m: dict) -> tuple[float, tuple[float, float]]:
-    """Without the holder the loop runs its own CPU time c, shrunk by (1-g)^ALPHA, plus the waits
+    """Without the holder the loop runs its own CPU time c, shrunk by (1-g)^alpha, plus the waits
     that stay: outside code (1 - b beyond OTHER_WAIT), and the off-CPU time in code that the GIL's
-    holders do not explain (native waits, unexplained): gain = 1 / (c (1-g)^ALPHA + w). The low end
+    holders do not explain (native waits, unexplained): gain = 1 / (c (1-g)^alpha + w). The low end
     is also at most 1/(1-g), the GIL waits alone (docs/models.md)."""
     g, e, c, b = m["g"], m["g_err"], max(float(m.get("c") or 0.0), 0.02), float(m.get("b") or 1.0)
     waits = m.get("waits") or {}
@@ -224,12 +222,14 @@ def _gain(m: dict) -> tuple[float, tuple[float, float]]:
     def gain(gg: float, alpha: float, ww: float = w) -> float:
         return 1.0 / (c * (1.0 - min(max(gg, 0.0), 0.97)) ** alpha + ww)
 
-    mid = gain(g, ALPHA)
-    lo = min(gain(g - e, ALPHA_RANGE[0]), 1.0 / (1.0 - max(0.0, min(g - e, 0.97))))
+    a_hi, a_mid, a_lo = step_model.calibration().gil_alpha
+    a_hi, a_lo = max(a_hi, a_mid), min(a_lo, a_mid)     # (a fitted middle beyond an end moves that end)
+    mid = gain(g, a_mid)
+    lo = min(gain(g - e, a_lo), 1.0 / (1.0 - max(0.0, min(g - e, 0.97))))
     # g and that unexplained time split one measured total (off-CPU in code, from /proc), g capped
     # by the holders' sampled share: where the holders held the GIL more than their samples show
     # (g + e), that much less of the total is unexplained.
-    hi = gain(g + e, ALPHA_RANGE[1], w - min(e, unexplained))
+    hi = gain(g + e, a_hi, w - min(e, unexplained))
     mid = max(mid, 1.0)
     return mid, (min(lo, mid), max(hi, mid))
 
@@ -261,10 +261,11 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
         Fact("pyspy", "share of the window the training thread ran on a CPU (/proc)", m["c"]),
         Fact("pyspy", "share of the window it waited for a CPU (schedstat)", m["r"]),
     ]
+    a_hi, a_mid, a_lo = step_model.calibration().gil_alpha
     bound = (f"g=min(off-CPU in code, held by others)={m['g']:.2f} of the window the training thread waited while "
              f"'{name}' held the GIL ({t['share']:.0%} of py-spy --gil samples); with the GIL free the loop runs "
-             f"its own CPU time c={m['c']:.2f}, which also shrinks by (1-g)^{ALPHA:g} (fitted to the ledger): "
-             f"{speedup:.2f}x (estimate; g +-{m['g_err']:.2f}, exponent {ALPHA_RANGE[0]:g}-{ALPHA_RANGE[1]:g})"
+             f"its own CPU time c={m['c']:.2f}, which also shrinks by (1-g)^{a_mid:g} (fitted to the ledger): "
+             f"{speedup:.2f}x (estimate; g +-{m['g_err']:.2f}, exponent {a_lo:g}-{a_hi:g})"
              + (f"; with every other constraint in place the step is then set by {binding}" if binding else ""))
     conf = "medium" if (m["samples"] >= 50 and m["gil_samples"] >= 40) else "low"
     title = (f"The training thread waits for the GIL about {pct(m['g'])} of the time: thread '{name}' "
