@@ -631,12 +631,15 @@ HELDOUT_GRID = {
     "switch_us": (10.0, 30.0, 50.0),
     "par_eff": (0.0, 0.15, 0.3, 0.5, 0.75, 1.0),
     "gil_alpha": (0.0, 0.23, 0.46, 0.8, 1.2),
+    "shard_e": (0.7, 0.85, 1.0),
 }
 # Constants whose shipped middle is itself fitted on these four ledgers: the folds start from the value
 # from before that fit (their anchor, their fallback and the other constants' fits around it), so the
 # job a fold leaves out cannot reach its own prediction through the shipped value. par_eff: 0.2 from
-# the in-house VAE's cap; shipped 0.5, the fit over all four ledgers (docs/models.md).
-HELDOUT_PRIOR = {"par_eff": 0.2, "compile_fusion": 1.0, "gil_alpha": 0.0}
+# the in-house VAE's cap; shipped 0.5, the fit over all four ledgers (docs/models.md). compile_fusion:
+# 1.0, no fusion; gil_alpha: 0, the loop keeps its CPU time; shard_e: 1.0, shards remove all the
+# small-file time (fitted to one job, it keeps this prior in every fold).
+HELDOUT_PRIOR = {"par_eff": 0.2, "compile_fusion": 1.0, "gil_alpha": 0.0, "shard_e": 1.0}
 # Constants that act on the same term of the same rows are fitted together, over every pair of their
 # grids' values: fitted apart (each with the other at its prior) each would take the whole gap, and the
 # two together count it twice. compile_e and compile_fusion both shorten the loop of a compiled eager

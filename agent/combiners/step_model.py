@@ -157,6 +157,12 @@ class Calibration:
                 held out, the folds start from 0 (the loop keeps its CPU time) and fit 0.8 or 1.2,
                 the optimistic end. Until 2026-12-06 the middle was 0.46, fitted in-sample to the
                 two in-house rows, the ends 0 and 0.8
+    shard_e     the share of the small-file time (and the loop's data wait) that packing the files
+                into shards removes (io.small_reads: 1/(1 - e min(s, f))); the middle 0.85 is fitted
+                to one job's measured fixes (the in-house small-files job, two runs, and an earlier
+                capture), so held out it keeps its prior 1.0 (shards remove it all). The rule's
+                interval comes from its own bounds (the syscall time alone, the whole wait), not
+                from these ends
     """
     handoff_k: tuple[float, float, float] = (1.0, 1.25, 2.0)
     beta: tuple[float, float, float] = (0.0, 0.0, 0.9)
@@ -169,6 +175,7 @@ class Calibration:
     compile_multi: tuple[float, float, float] = (1.0, 0.0, 0.0)
     par_eff: tuple[float, float, float] = (0.0, 0.5, 1.0)
     gil_alpha: tuple[float, float, float] = (1.2, 0.8, 0.0)
+    shard_e: tuple[float, float, float] = (1.0, 0.85, 0.7)
     handoff_k_timed: tuple[float, float, float] = (1.0, 1.13, 2.0)
     handoff_ms: tuple[float, float, float] = (0.4, 0.85, 1.3)
     handoff_worker_ms: tuple[float, float, float] = (0.6, 1.2, 2.0)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from trainprobe.agent.combiners import step_model
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
 
-SHARD_E = 0.85        # share of the small-file time that shards remove (fitted, docs/models.md)
 SMALL_READ_BYTES = 64 * 1024     # a read returning less than this from a file is "small"
 OPENS_PER_S = 100.0              # per data-producing process
 FILE_SHARE = 0.10                # open-to-close share of the producers' time
@@ -94,13 +94,14 @@ def _gain(ev: Evidence, ms: dict[str, Any], who: str,
                  f"syscalls alone: 1/(1-{s_lo:.2f})={speedup:.2f}x")
         return speedup, bound, "low", None
     s = min(s_hi, f)
-    # Shards do not remove all of it: reading a record from a shard costs something too. E is
-    # fitted to the three measured fixes (docs/models.md): 2.51x and 2.81x on the CPU ledger's
-    # small-files job, 1.59x on an earlier capture.
-    speedup = 1.0 / (1.0 - min(SHARD_E * s, 0.95))
+    # Shards do not remove all of it: reading a record from a shard costs something too. e is the
+    # step model's shard_e, fitted to one job's measured fixes (docs/models.md): 2.51x and 2.81x on
+    # the CPU ledger's small-files job, 1.59x on an earlier capture.
+    shard_e = step_model.calibration().shard_e[1]
+    speedup = 1.0 / (1.0 - min(shard_e * s, 0.95))
     bound = (f"s={s_hi:.2f} of the {whose} time goes to handling small files (open to close; {s_lo:.2f} inside "
-             f"the syscalls) and the loop waits on data f={f:.2f}: shards remove about {SHARD_E:g} of the "
-             f"smaller: 1/(1-{SHARD_E:g} min(s,f))={speedup:.2f}x")
+             f"the syscalls) and the loop waits on data f={f:.2f}: shards remove about {shard_e:g} of the "
+             f"smaller: 1/(1-{shard_e:g} min(s,f))={speedup:.2f}x")
     conf = "high" if s_hi >= 0.2 and f >= 0.2 else "medium"
     # Low end: only the time inside the file syscalls goes. High end: the whole data wait goes and
     # the loop, no longer sharing its CPUs with busy producers, runs up to LOOP_SLOWDOWN_HI * n / P
