@@ -858,7 +858,8 @@ def _fit(train: list[dict[str, Any]], table: dict[str, dict[str, dict[float, flo
 def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
     """Leave-one-job-out: for each job, every constant is fitted (over the grid, the median over the
     other jobs of |log| of each job's geometric-mean pred/meas: _job_error) on the other jobs whose
-    prediction it moves, then the job is predicted with those values.
+    prediction it moves, then the job is predicted with those values. Each constant is fitted with
+    the others at their priors, except HELDOUT_JOINT's groups, fitted together (fit_units).
     A constant that moves fewer than MIN_FIT_ROWS of the other jobs keeps its prior value for that
     fold (it is never fitted to one row). Returns per-row predictions, intervals and errors, and the
     summary: median |log|, median ratio, share within 0.8-1.25, interval coverage."""
