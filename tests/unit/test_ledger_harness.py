@@ -134,6 +134,30 @@ def test_public_rows_measured_on_another_card_say_which():
     assert f"| {same} |" in page
 
 
+def test_an_abstention_is_measured_and_counted():
+    # Where the report prints no fix worth acting on, the harness measures its best fix as worded
+    # (variant "abstained"): mnist_rnn on 2 CPUs, rated 1.00x behind compute.bound, measured 1.41x.
+    # The page labels the row, the summary lists the gain left out, and the held-out rows include it.
+    import importlib.util
+    from pathlib import Path
+
+    from scripts.ledger import measured_rows
+    spec = importlib.util.spec_from_file_location("public_ledger", REPO / "benchmarks" / "public_ledger.py")
+    public_ledger = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("public_ledger", public_ledger)
+    spec.loader.exec_module(public_ledger)
+    path = DATA / "ledger" / "public" / "public-ledger-cpu.json"
+    led = json.loads(path.read_text())
+    row = next(r for r in led["rows"] if r["job"] == "mnist-rnn-cpu-r8")
+    assert row["top"] == "compute.bound" and row["applied"][0]["variant"] == "abstained"
+    summ = public_ledger.summary(led["rows"])
+    assert "mnist-rnn-cpu-r8" in summ["abstained_gains_left_out"]
+    assert "vae-cpu-r8" not in summ["abstained_gains_left_out"]          # 0.95x: a right abstention
+    assert "[no fix printed; dataloader.starved's, measured]" in public_ledger.render([led])
+    rows = [r for r in measured_rows([Path(path)]) if r["case"] == "mnist-rnn-cpu-r8"]
+    assert len(rows) == 1 and rows[0]["finding"] == "dataloader.starved" and rows[0]["measured"] > 1.3
+
+
 def test_the_held_out_page_counts_the_fixes_below_the_reports_limit():
     """A fix held out below the report's limit is one the report says is not worth acting on: the page
     says how many of those measured no gain, and names each that did gain."""
