@@ -26,6 +26,7 @@ docs/ledger.md. No case starts after --budget seconds (default 540 for gpu, 720 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -832,7 +833,6 @@ def fit_units(grid: dict[str, tuple[float, ...]]) -> list[tuple[tuple[str, ...],
     """The grid as the folds fit it: each constant alone, except HELDOUT_JOINT's groups (both of a
     group's constants in the grid), fitted together over the product of their values, in the grid's
     order of the group's first constant."""
-    import itertools
     units: list[tuple[tuple[str, ...], list[tuple[float, ...]]]] = []
     done: set[str] = set()
     for name in grid:
