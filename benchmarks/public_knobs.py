@@ -14,11 +14,24 @@ calibration as it ships.
         --arms 'cap:intra_op_threads=1;worker:num_workers=1,persistent_workers=true;both:num_workers=1,persistent_workers=true,intra_op_threads=1'
 
 Sources come from .public/src (public_ledger.py --fetch). Writes DIR/JOB-knobs.json and prints a table.
+
+A run on a job whose report printed no fix worth acting on is a check of that abstention, and joins
+the public ledger as a re-run of the job (`-rN`, its diagnosed bundle beside it):
+
+    python benchmarks/public_knobs.py --to-tests DIR/JOB-knobs.json [...]
+
+Where the report listed a finding with a fix (below the limit worth acting on), the arm that applies
+that fix as worded is its measured fix (variant `abstained`: a ledger row the held-out fit reads).
+Where it listed none (compute.bound alone), every arm is kept as `audited`: generic fixes chosen by
+hand for the job's shape, each beside the step model's figure; they are no prediction the report
+made, so the accuracy figures leave them out, and the summary lists any that measured >= 1.05x.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import statistics
 import sys
 import time
@@ -85,11 +98,71 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
+    """A public-ledger row for one run of this harness (module docstring: `abstained` or `audited`)."""
+    fs = res["findings"]
+    listed = next((f for f in fs if f["id"] != "compute.bound" and f.get("knobs")), None)
+    entries = []
+    for arm in res["arms"]:
+        if "measured" not in arm:
+            continue
+        e = {"knobs": arm["knobs"], "injected": arm["injected"], "argv_added": arm["argv_added"], "not_applied": {},
+             "thread": None, "ratios": arm["ratios"], "measured": arm["measured"],
+             "measured_interval": arm["measured_interval"], "reps": len(arm["ratios"]),
+             "injected_log": arm.get("injected_log", []), "status": "measured", "arm": arm["arm"]}
+        if listed is not None:
+            if arm["knobs"] != listed["knobs"]:
+                continue
+            e.update(variant="abstained", finding=listed["id"], predicted=listed["expected_speedup"],
+                     interval=listed["interval"])
+        else:
+            m = arm["model"]
+            if not m.get("speedup"):
+                continue
+            e.update(variant="audited", model=m, predicted=m["speedup"], interval=m["interval"])
+        e["pred_over_meas"] = round(e["predicted"] / e["measured"], 3)
+        e["in_interval"] = e["interval"][0] <= e["measured"] <= e["interval"][1]
+        entries.append(e)
+    return {**res["job"], "job": name, "bundle": bundle, "headline": res["headline"], "findings": fs,
+            "top": fs[0]["id"] if fs else None, "plan": res["plan"],
+            "gil_claimed": any(x["id"] == "gil.contention" for x in fs),
+            "max_speedup": max((x["expected_speedup"] for x in fs if x["id"] != "compute.bound"), default=1.0),
+            "applied": entries, "before": res["base_rates"], "injected_log_before": [],
+            "status": "measured" if entries else "no fix printed", "seconds": res.get("wall_s"), "gpu": None,
+            "when": res["when"], "machine": res["machine"],
+            "measured_by": re.sub(r"--out \S+", "--out DIR", res["command"]),
+            "replay_top": fs[0]["id"] if fs else None, "replay_findings": fs}
+
+
+def to_tests(paths: list[Path]) -> None:
+    """Append runs of this harness to tests/data/ledger/public/public-ledger-cpu.json as re-runs."""
+    dst = pl.TESTS / "public-ledger-cpu.json"
+    led = json.loads(dst.read_text())
+    names = {r["job"] for r in led["rows"]}
+    for path in paths:
+        res = json.loads(path.read_text())
+        base, n = res["job"]["job"], 2
+        while f"{base}-r{n}" in names:
+            n += 1
+        name = f"{base}-r{n}"
+        names.add(name)
+        bundle = f"bundles/{name}.tar.gz"
+        shutil.copy(path.with_name(path.name.removesuffix(".json") + ".tar.gz"), pl.TESTS / bundle)
+        row = ledger_row(res, name, bundle)
+        row["bundle_bytes"] = (pl.TESTS / bundle).stat().st_size
+        led["rows"].append(row)
+        print(name, row["top"], [(e["variant"], e["knobs"], e["predicted"], e["measured"]) for e in row["applied"]])
+    led["summary"] = pl.summary(led["rows"])
+    dst.write_text(json.dumps(led, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--job", required=True, help="a job name of benchmarks/public_ledger.py")
-    ap.add_argument("--arms", required=True, help="NAME:KEY=VALUE[,KEY=VALUE][;NAME:...]")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--job", help="a job name of benchmarks/public_ledger.py")
+    ap.add_argument("--arms", help="NAME:KEY=VALUE[,KEY=VALUE][;NAME:...]")
+    ap.add_argument("--out")
+    ap.add_argument("--to-tests", nargs="+", type=Path, metavar="KNOBS_JSON",
+                    help="append these runs to the public ledger under tests/data (module docstring)")
     ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per window")
     ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=5.0, help="the diagnosis window")
@@ -100,6 +173,11 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--job-seconds", type=float, default=400.0, help="the interleaved windows stop after this")
     a = ap.parse_args()
+    if a.to_tests:
+        to_tests(a.to_tests)
+        return 0
+    if not (a.job and a.arms and a.out):
+        ap.error("--job, --arms and --out are required (or --to-tests)")
     jobs = {j.name: j for j in pl.all_jobs()}
     if a.job not in jobs:
         ap.error(f"no job {a.job!r}; one of: {', '.join(sorted(jobs))}")

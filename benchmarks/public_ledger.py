@@ -890,6 +890,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["abstained"] = [{"job": r["job"], "finding": e["finding"], "predicted": e["predicted"],
                              "measured": e["measured"]} for r, e in ab]
         out["abstained_gains_left_out"] = [r["job"] for r, e in ab if e["measured"] >= 1.05]
+    au = [(r, e) for r in rows for e in r.get("applied") or [] if e["variant"] == "audited"
+          and e.get("status") == "measured"]
+    if au:
+        # the report listed no fix at all (compute.bound alone); generic fixes for the job's shape,
+        # measured beside the step model's figure (benchmarks/public_knobs.py --to-tests)
+        out["audited"] = [{"job": r["job"], "knobs": e["knobs"], "model": e["predicted"], "measured": e["measured"]}
+                          for r, e in au]
+        out["audited_gains_left_out"] = sorted({r["job"] for r, e in au if e["measured"] >= 1.05})
     def ids(r: dict[str, Any]) -> list[str]:
         return [f["id"] for f in r.get("replay_findings") or r.get("findings") or []]
     seen = [r for r in rows if ids(r)]
@@ -942,7 +950,8 @@ def render(leds: list[dict[str, Any]]) -> str:
                 if e.get("not_applied"):
                     via.append("not applied: " + ", ".join(e["not_applied"]))
                 label = f"{knobs} ({'; '.join(via)})" + {"plan": " [plan]", "next": f" [next finding: {e.get('finding')}]",
-                                                        "abstained": f" [no fix printed; {e.get('finding')}'s, measured]"}.get(e["variant"], "")
+                                                        "abstained": f" [no fix printed; {e.get('finding')}'s, measured]",
+                                                        "audited": " [no fix listed; a generic fix, the step model's figure]"}.get(e["variant"], "")
                 if e["variant"] != "top" and e.get("predicted"):
                     iv = e.get("interval") or [e["predicted"]] * 2
                     pred = f"{e['predicted']:.2f}x ({iv[0]:.2f}-{iv[1]:.2f})"
@@ -966,6 +975,11 @@ def render(leds: list[dict[str, Any]]) -> str:
             left = s["abstained_gains_left_out"]
             out += [f"No fix printed worth acting on, its best fix measured: {len(s['abstained'])} rows; gains it left "
                     f"out (>= 1.05x): {', '.join(left) if left else 'none'}."]
+        if s.get("audited"):
+            jobs = sorted({a["job"] for a in s["audited"]})
+            left = s["audited_gains_left_out"]
+            out += [f"No fix listed (compute.bound alone), generic fixes measured: {len(s['audited'])} on "
+                    f"{len(jobs)} runs; any >= 1.05x: {', '.join(left) if left else 'none'}."]
         out += [f"gil.contention on a job whose background threads hold no GIL: "
                 f"{', '.join(s['gil_false_alarms']) or 'none'}. Jobs whose known finding did not come first: "
                 f"{', '.join(s['expected_missed']) or 'none'}.", ""]

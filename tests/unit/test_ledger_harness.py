@@ -194,3 +194,39 @@ def test_the_sharing_strategy_knob_sets_how_workers_hand_tensors_over(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["file_system", "8"], r.stdout
     assert "set_sharing_strategy('file_system')" in log.read_text()
+
+
+def test_an_audit_of_a_bare_compute_bound_report_is_kept_apart():
+    # Where the report lists no fix at all (compute.bound alone), generic fixes measured by
+    # benchmarks/public_knobs.py join the ledger as "audited": each beside the step model's figure,
+    # listed in the summary, and left out of the held-out rows (no prediction the report made).
+    import importlib.util
+    from pathlib import Path
+
+    from scripts.ledger import measured_rows
+    for name in ("public_ledger", "public_knobs"):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(name, mod)
+        spec.loader.exec_module(mod)
+    public_ledger, public_knobs = sys.modules["public_ledger"], sys.modules["public_knobs"]
+    path = DATA / "ledger" / "public" / "public-ledger-cpu.json"
+    led = json.loads(path.read_text())
+    row = next(r for r in led["rows"] if r["job"] == "siamese-cpu-r2")
+    assert row["top"] == "compute.bound" and {e["variant"] for e in row["applied"]} == {"audited"}
+    summ = public_ledger.summary(led["rows"])
+    assert {a["job"] for a in summ["audited"]} >= {"siamese-cpu-r2", "superres-cpu-r2"}
+    assert summ["audited_gains_left_out"] == []
+    assert not [r for r in measured_rows([Path(path)]) if r["case"] == "siamese-cpu-r2"]
+    # A run whose report listed a fix below the limit keeps only the arm that applies it, as abstained.
+    res = {"job": {"job": "x"}, "headline": "", "plan": None, "base_rates": [1.0], "wall_s": 1, "when": "w",
+           "machine": "m", "command": "python benchmarks/public_knobs.py --job x --out /tmp/k --arms a",
+           "findings": [{"id": "compute.bound", "expected_speedup": 1.0, "knobs": {}},
+                        {"id": "dataloader.starved", "expected_speedup": 1.0, "interval": [0.4, 1.4],
+                         "knobs": {"num_workers": 1}}],
+           "arms": [{"arm": a, "knobs": k, "injected": k, "argv_added": [], "model": {"speedup": 0.9, "interval": [0.8, 1]},
+                     "ratios": [1.4], "measured": 1.4, "measured_interval": [1.3, 1.5]}
+                    for a, k in (("cap", {"intra_op_threads": 1}), ("fix", {"num_workers": 1}))]}
+    got = public_knobs.ledger_row(res, "x-r2", "bundles/x-r2.tar.gz")
+    assert [(e["variant"], e["arm"], e["finding"]) for e in got["applied"]] == [("abstained", "fix", "dataloader.starved")]
+    assert got["measured_by"].endswith("--out DIR --arms a")
