@@ -733,6 +733,19 @@ def _recorded_model(rec: dict[str, Any]) -> Any:
     return m
 
 
+def _step_timed(row: dict[str, Any]) -> bool:
+    """The row's window timed the training step (the process probe's backward-pass counter, in the
+    agent since 2026-12-05): what the agent as it ships measures on every job, where older bundles
+    leave the per-batch terms to the fitted k."""
+    if row.get("bundle") is None:
+        return False
+    from trainprobe.agent.combiners import step_model
+    from trainprobe.agent.diagnosis import evidence_from
+    b = _evidence(row["bundle"])
+    m = step_model.from_evidence(evidence_from(b.captures, b.context))
+    return bool(m is not None and m.step_s)
+
+
 def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float], str]:
     """The row's finding under the calibration `cal`, evaluated at the settings that were applied and
     measured (row["knobs"]), not at whatever the current rules would propose: dataloader.starved is
@@ -906,6 +919,7 @@ def heldout(rows: list[dict[str, Any]], grid: dict[str, tuple[float, ...]] | Non
             cal = at(cal, names, best)
         pred, iv, how = _predict(r, cal)
         out_rows.append({"case": r["case"], "source": r["source"], "finding": r["finding"], "evaluated": how,
+                         "step_timed": _step_timed(r),
                          "knobs": r.get("knobs"),
                          "measured": r["measured"], "ratios": r["ratios"], "predicted": pred,
                          "interval": [iv[0], iv[1]], "ratio": round(pred / r["measured"], 3),
@@ -950,7 +964,9 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
     groups = [("Every job once (a job measured in several runs counts once, the geometric mean of its runs' "
                "pred/meas)", res.get("jobs") or [])]
     if pub_rows:
-        groups += [("Public code only, every run", pub_rows), ("Public code only, every job once", pub_jobs)]
+        groups += [("Public code only, every run", pub_rows), ("Public code only, every job once", pub_jobs),
+                   ("Public code, the runs whose window timed the step (the agent as it ships; older bundles "
+                    "lack the backward-pass counter)", [x for x in pub_rows if x.get("step_timed")])]
     for title, xs in groups:
         t = summarize([x["ratio"] for x in xs], sum(1 for x in xs if x["in_interval"]))
         if t["rows"]:

@@ -177,6 +177,19 @@ def test_the_held_out_page_counts_the_fixes_below_the_reports_limit():
     assert "gains it left out: c 1.05x for 1.30x" in line
     worth = next(x for x in text.splitlines() if x.startswith("Worth acting on"))
     assert "1 of 4" in worth
+    # The public runs whose window timed the step are summarized apart (the agent as it ships).
+    rows[0]["step_timed"] = rows[2]["step_timed"] = True
+    timed = next(x for x in render_heldout(res, "cmd").splitlines() if x.startswith("Public code, the runs whose"))
+    assert timed.split(":")[1].startswith(" 2;") and "within 0.8-1.25x: 2 of 2" in timed
+
+
+def test_a_row_knows_whether_its_window_timed_the_step():
+    # mnist_rnn's eighth run was diagnosed with the backward-pass counter; the VAE's first run predates it.
+    from scripts.ledger import _step_timed
+    pub = DATA / "ledger" / "public" / "bundles"
+    assert _step_timed({"bundle": pub / "mnist-rnn-cpu-r8.tar.gz"}) is True
+    assert _step_timed({"bundle": pub / "vae-cpu.tar.gz"}) is False
+    assert _step_timed({"bundle": None}) is False
 
 
 def test_the_sharing_strategy_knob_sets_how_workers_hand_tensors_over(tmp_path):
