@@ -20,8 +20,9 @@ the public ledger as a re-run of the job (`-rN`, its diagnosed bundle beside it)
 
     python benchmarks/public_knobs.py --to-tests DIR/JOB-knobs.json [...]
 
-Where the report listed a finding with a fix (below the limit worth acting on), the arm that applies
-that fix as worded is its measured fix (variant `abstained`: a ledger row the held-out fit reads).
+Where the report listed a finding with a fix, the arm that applies that fix as worded is its measured
+fix: variant `top` where it is the top finding worth acting on, else `abstained` (both ledger rows
+the held-out fit reads).
 Where it listed none (compute.bound alone), every arm is kept as `audited`: generic fixes chosen by
 hand for the job's shape, each beside the step model's figure; they are no prediction the report
 made, so the accuracy figures leave them out, and the summary lists any that measured >= 1.05x.
@@ -40,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import public_ledger as pl  # noqa: E402
+from public_ledger import WORTH_ACTING_X  # noqa: E402
 
 from scripts.arms import parse_arms, predicted  # noqa: E402
 
@@ -102,6 +104,9 @@ def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
     """A public-ledger row for one run of this harness (module docstring: `abstained` or `audited`)."""
     fs = res["findings"]
     listed = next((f for f in fs if f["id"] != "compute.bound" and f.get("knobs")), None)
+    # The report's top finding with a fix worth acting on: the arm that applies it as printed is a
+    # measured top fix, like public_ledger.py's own rows.
+    top = listed is not None and fs[0] is listed and listed["expected_speedup"] >= WORTH_ACTING_X
     entries = []
     for arm in res["arms"]:
         if "measured" not in arm:
@@ -113,8 +118,8 @@ def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
         if listed is not None:
             if arm["knobs"] != listed["knobs"]:
                 continue
-            e.update(variant="abstained", finding=listed["id"], predicted=listed["expected_speedup"],
-                     interval=listed["interval"])
+            e.update(variant="top" if top else "abstained", finding=listed["id"],
+                     predicted=listed["expected_speedup"], interval=listed["interval"])
         else:
             m = arm["model"]
             if not m.get("speedup"):
@@ -128,19 +133,20 @@ def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
             "gil_claimed": any(x["id"] == "gil.contention" for x in fs),
             "max_speedup": max((x["expected_speedup"] for x in fs if x["id"] != "compute.bound"), default=1.0),
             "applied": entries, "before": res["base_rates"], "injected_log_before": [],
-            "status": "measured" if entries else "no fix printed", "seconds": res.get("wall_s"), "gpu": None,
+            "status": "measured" if entries else "no fix printed", "seconds": res.get("wall_s"),
+            "gpu": res["machine"].get("gpu"),
             "when": res["when"], "machine": res["machine"],
             "measured_by": re.sub(r"--out \S+", "--out DIR", res["command"]),
             "replay_top": fs[0]["id"] if fs else None, "replay_findings": fs}
 
 
 def to_tests(paths: list[Path]) -> None:
-    """Append runs of this harness to tests/data/ledger/public/public-ledger-cpu.json as re-runs."""
-    dst = pl.TESTS / "public-ledger-cpu.json"
-    led = json.loads(dst.read_text())
-    names = {r["job"] for r in led["rows"]}
+    """Append runs of this harness to tests/data/ledger/public/public-ledger-KIND.json as re-runs."""
     for path in paths:
         res = json.loads(path.read_text())
+        dst = pl.TESTS / f"public-ledger-{res['job']['kind']}.json"
+        led = json.loads(dst.read_text())
+        names = {r["job"] for r in led["rows"]}
         base, n = res["job"]["job"], 2
         while f"{base}-r{n}" in names:
             n += 1
@@ -152,8 +158,8 @@ def to_tests(paths: list[Path]) -> None:
         row["bundle_bytes"] = (pl.TESTS / bundle).stat().st_size
         led["rows"].append(row)
         print(name, row["top"], [(e["variant"], e["knobs"], e["predicted"], e["measured"]) for e in row["applied"]])
-    led["summary"] = pl.summary(led["rows"])
-    dst.write_text(json.dumps(led, indent=1))
+        led["summary"] = pl.summary(led["rows"])
+        dst.write_text(json.dumps(led, indent=1))
 
 
 def main() -> int:

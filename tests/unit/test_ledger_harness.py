@@ -233,7 +233,7 @@ def test_an_audit_of_a_bare_compute_bound_report_is_kept_apart():
     assert not [r for r in measured_rows([Path(path)]) if r["case"] == "siamese-cpu-r2"]
     # A run whose report listed a fix below the limit keeps only the arm that applies it, as abstained.
     res = {"job": {"job": "x"}, "headline": "", "plan": None, "base_rates": [1.0], "wall_s": 1, "when": "w",
-           "machine": "m", "command": "python benchmarks/public_knobs.py --job x --out /tmp/k --arms a",
+           "machine": {"gpu": None}, "command": "python benchmarks/public_knobs.py --job x --out /tmp/k --arms a",
            "findings": [{"id": "compute.bound", "expected_speedup": 1.0, "knobs": {}},
                         {"id": "dataloader.starved", "expected_speedup": 1.0, "interval": [0.4, 1.4],
                          "knobs": {"num_workers": 1}}],
@@ -243,3 +243,9 @@ def test_an_audit_of_a_bare_compute_bound_report_is_kept_apart():
     got = public_knobs.ledger_row(res, "x-r2", "bundles/x-r2.tar.gz")
     assert [(e["variant"], e["arm"], e["finding"]) for e in got["applied"]] == [("abstained", "fix", "dataloader.starved")]
     assert got["measured_by"].endswith("--out DIR --arms a")
+    # The top finding worth acting on, applied as printed by an arm: a measured top fix.
+    res["findings"] = [{"id": "host.launch_bound", "expected_speedup": 1.9, "interval": [1.4, 3.0],
+                        "knobs": {"num_workers": 1}}]
+    got = public_knobs.ledger_row(res, "x-r2", "bundles/x-r2.tar.gz")
+    assert [(e["variant"], e["finding"], e["predicted"]) for e in got["applied"]] == [("top", "host.launch_bound", 1.9)]
+    assert public_ledger.primary(got)["measured"] == 1.4
