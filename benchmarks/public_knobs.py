@@ -101,7 +101,7 @@ def render(res: dict[str, Any]) -> str:
 
 
 def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
-    """A public-ledger row for one run of this harness (module docstring: `abstained` or `audited`)."""
+    """A public-ledger row for one run of this harness (module docstring: `top`, `abstained` or `audited`)."""
     fs = res["findings"]
     listed = next((f for f in fs if f["id"] != "compute.bound" and f.get("knobs")), None)
     # The report's top finding with a fix worth acting on: the arm that applies it as printed is a

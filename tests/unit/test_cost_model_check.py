@@ -1,17 +1,6 @@
-"""benchmarks/_cost_bench.py's check of the cost model: the start-up's speed scales the interpreter's
+"""scripts/cost_check.py, the cost benchmarks' check of the cost model: the start-up's speed scales the interpreter's
 parts only, a probe's native children keep the models' figure."""
-import importlib.util
-import sys
-
-from tests.helpers import REPO
-
-
-def _bench():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("_cost_bench", REPO / "benchmarks" / "_cost_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from scripts import cost_check
 
 
 def _window(startup_speed):
@@ -23,7 +12,7 @@ def _window(startup_speed):
 
 
 def test_the_start_up_speed_scales_the_interpreter_not_py_spy():
-    cb = _bench()
+    cb = cost_check
     parts = cb.model_parts(_window(0.5), cb._down(_window(0.5)["plan"]))
     # py-spy: 90% of its measured CPU in its native child keeps the model's figure for that share
     assert abs(parts["pyspy"][0] - 0.10 * (0.9 + 0.1 * 0.5)) < 1e-9
@@ -35,7 +24,7 @@ def test_the_start_up_speed_scales_the_interpreter_not_py_spy():
 
 
 def test_at_the_models_speed_nothing_is_scaled():
-    cb = _bench()
+    cb = cost_check
     w = _window(1.3)                     # slower than the models: the plan's own factor applies
     parts = cb.model_parts(w, cb._down(w["plan"]))
     assert parts["pyspy"][0] == 0.10 and parts["tree"][0] == 0.30
