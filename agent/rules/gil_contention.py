@@ -148,6 +148,13 @@ GIL_SHARE = 0.10              # the default-run estimate must reach this share t
 OTHER_WAIT = 0.10             # off-code samples below this are GIL hand-over noise, not waits that stay
 
 
+def _alphas() -> tuple[float, float, float]:
+    """gil_alpha's (optimistic, middle, pessimistic) exponents; a fitted middle beyond an end moves
+    that end (a held-out fold may fit one)."""
+    a_hi, a_mid, a_lo = step_model.calibration().gil_alpha
+    return max(a_hi, a_mid), a_mid, min(a_lo, a_mid)
+
+
 def _holder_cores(ev: Evidence, tid: Any) -> float:
     """Cores the GIL's holder used (process probe), freed with it."""
     for p in (ev.get("process") or {}).get("processes") or []:
@@ -177,7 +184,7 @@ def change_of(ev: Evidence, m: dict, tid: Any) -> Change:
     CPU (OpenMP threads spin at a barrier for their master: a share g + r of their CPU)."""
     c = max(float(m.get("c") or 0.0), 0.02)
     g = min(max(float(m["g"]), 0.0), 0.97)
-    shrink = c * (1.0 - (1.0 - g) ** step_model.calibration().gil_alpha[1])   # the loop's CPU time saved
+    shrink = c * (1.0 - (1.0 - g) ** _alphas()[1])   # the loop's CPU time saved
     waited = min(g + max(float(m.get("r") or 0.0), 0.0), 1.0)
     return Change(gil_step=_steps(m), gil_freed_cores=_holder_cores(ev, tid) + shrink,
                   gil_freed_extra=_team_cores(ev, tid) * waited)
@@ -222,8 +229,7 @@ def _gain(m: dict) -> tuple[float, tuple[float, float]]:
     def gain(gg: float, alpha: float, ww: float = w) -> float:
         return 1.0 / (c * (1.0 - min(max(gg, 0.0), 0.97)) ** alpha + ww)
 
-    a_hi, a_mid, a_lo = step_model.calibration().gil_alpha
-    a_hi, a_lo = max(a_hi, a_mid), min(a_lo, a_mid)     # (a fitted middle beyond an end moves that end)
+    a_hi, a_mid, a_lo = _alphas()
     mid = gain(g, a_mid)
     lo = min(gain(g - e, a_lo), 1.0 / (1.0 - max(0.0, min(g - e, 0.97))))
     # g and that unexplained time split one measured total (off-CPU in code, from /proc), g capped
@@ -261,7 +267,7 @@ def gil_from_ownership(ev: Evidence) -> Finding | None:
         Fact("pyspy", "share of the window the training thread ran on a CPU (/proc)", m["c"]),
         Fact("pyspy", "share of the window it waited for a CPU (schedstat)", m["r"]),
     ]
-    a_hi, a_mid, a_lo = step_model.calibration().gil_alpha
+    a_hi, a_mid, a_lo = _alphas()
     bound = (f"g=min(off-CPU in code, held by others)={m['g']:.2f} of the window the training thread waited while "
              f"'{name}' held the GIL ({t['share']:.0%} of py-spy --gil samples); with the GIL free the loop runs "
              f"its own CPU time c={m['c']:.2f}, which also shrinks by (1-g)^{a_mid:g} (fitted to the ledger): "
