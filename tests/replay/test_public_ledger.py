@@ -156,15 +156,16 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
 
 
 @pytest.mark.xfail(reason="one of the targets is not met on every public run (2026-12-06, twelfth round): with the "
-                          "calibration as it ships, 83 of 96 runs within 0.8-1.25 (86%, the target 90%; median "
-                          "|log| 0.075, median ratio 0.99, 94 of 96 covered). Outside: two measured abstentions on "
-                          "2 CPUs (mnist_rnn 0.71; MNIST 1.67, its fix rated at the contract's 1.0x floor measured "
-                          "0.60x), timm's JPEG pipeline on 15-batch epochs (1.65, 1.53), Lightning's backbone and "
-                          "autoencoder on 2 CPUs in their second runs (1.44, 1.29) and on the GPU (1.43, 1.29), MNIST "
-                          "on 2 CPUs (1.27, its first run), minGPT's adder (1.30 for its 1.86x run), the VAE on the GPU "
-                          "(1.25), Fabric's MNIST's first run (0.76), the Siamese network's third run (0.75: its "
-                          "worker's measured pace capped the interval; it ran faster once the loop was compiled). Held "
-                          "out, each job once, every target is met (docs/ledger.md)",
+                          "calibration as it ships, 86 of 101 runs within 0.8-1.25 (85%, the target 90%; median "
+                          "|log| 0.084, median ratio 0.98, 99 of 101 covered). Outside: mnist_rnn on 2 CPUs, whose fix "
+                          "measured 1.30-1.55x in every run, rated below it (0.71 as a measured abstention, 0.74), MNIST "
+                          "on 2 CPUs (1.27; 1.67 where its fix, rated at the contract's 1.0x floor, measured 0.60x), "
+                          "timm's JPEG pipeline on 15-batch epochs (1.65, 1.53), Lightning's backbone and autoencoder "
+                          "on 2 CPUs in their second runs (1.44, 1.29) and on the GPU (1.43, 1.29), minGPT's adder (1.30 "
+                          "for its 1.86x run), the VAE on the GPU (1.25), Fabric's MNIST's first run (0.76), the Siamese "
+                          "network's third run (0.75: its worker's measured pace capped the interval; it ran faster once "
+                          "the loop was compiled), chargpt's sixth (0.76: 2.11x printed, 2.79x measured over 3 pairs). "
+                          "Held out, each job once, every target is met (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
