@@ -188,7 +188,7 @@ def _ci95(xs: list[float]) -> list[float] | None:
 
 # The check itself (the plan's figures against the measured tree, part by part) is shared with tests:
 # scripts/cost_check.py.
-from scripts.cost_check import MODEL_TOLERANCE, PART_TOLERANCE, _down, model_check, model_parts  # noqa: E402,F401
+from scripts.cost_check import MODEL_TOLERANCE, PART_TOLERANCE, model_check  # noqa: E402
 
 
 def model_table(name: str, check: dict[str, Any]) -> str:
