@@ -52,8 +52,22 @@ def max_workers(p: float, rest_cores: float = 0.0) -> int:
 
 
 def propose_workers(c: float, d: float, u: float, p: float, w_cap: int) -> tuple[int, float]:
-    """Smallest W in 1..w_cap whose step time is within 2% of the best in that range."""
-    times = {w: step_time(w, c, d, u, p) for w in range(1, max(w_cap, 1) + 1)}
+    """Smallest W in 1..w_cap whose step time is within 2% of the best in that range. Past the W at
+    which the workers' d / W falls below the loop's own floor max(c, u / p), more workers cannot
+    shorten the step, so the search stops there (a bundle claiming 48 million CPUs took 6.7 GB and
+    36 s to enumerate them all)."""
+    w_cap = max(w_cap, 1)
+    floor = max(c, u / p if p > 0 else 0.0)
+    if floor > 0:
+        w_cap = min(w_cap, math.ceil(d / floor) + 1)
+    elif d > 0:         # nothing but the workers' pace: the step shortens all the way to w_cap
+        w = max(1, math.ceil(w_cap / 1.02))
+        while w > 1 and d / (w - 1) <= d / w_cap * 1.02:
+            w -= 1
+        while d / w > d / w_cap * 1.02:
+            w += 1
+        return w, step_time(w, c, d, u, p)
+    times = {w: step_time(w, c, d, u, p) for w in range(1, w_cap + 1)}
     best = min(times.values())
     w = min(k for k, t in times.items() if t <= best * 1.02)
     return w, times[w]
