@@ -385,6 +385,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
             last_cpu[k] = v
     comms = d.get("comms") or {}
     processes = []
+    before_window = 0.0     # CPU the target's children gone inside the window had spent before it
     for p in all_pids:
         s, e = start["procs"].get(str(p)), end["procs"].get(str(p))
         ref = e or s
@@ -402,6 +403,8 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
             continue
         facts = _proc_facts(ref)
         cpu: float | None = facts["cpu_s"]
+        if s and not e and facts["ppid"] == int(pid):
+            before_window += facts["cpu_s"]
         basis = "window" if (s and e) else "born_in_window"
         if s and e:
             cpu -= _proc_facts(s)["cpu_s"]
@@ -424,13 +427,16 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         })
 
     main = next(pr for pr in processes if pr["pid"] == int(pid))
-    # The target's children reaped in the window: their whole lives' CPU (cutime + cstime), what the
-    # readings of short-lived workers miss. Captures before 2026-12-03 lack it.
+    # The target's children reaped in the window: what the readings of short-lived workers miss. The
+    # kernel's cutime + cstime holds a reaped child's whole life, so the CPU that the children seen
+    # at the start had spent before it is taken off (workers of the epoch before, joined inside the
+    # window: timm's ImageNet script's two workers had spent 55 CPU-s before a 4.9 s window, which
+    # read as 12 cores). Captures before 2026-12-03 lack it.
     ms, me_ = start["procs"].get(pid), end["procs"].get(pid)
     reaped = None
     if ms and me_ and (ms.get("ps") or {}).get("children_s") is not None \
             and (me_.get("ps") or {}).get("children_s") is not None:
-        reaped = max(0.0, me_["ps"]["children_s"] - ms["ps"]["children_s"])
+        reaped = max(0.0, me_["ps"]["children_s"] - ms["ps"]["children_s"] - before_window)
     workers = [pr for pr in processes if pr["role"] == "dataloader_worker"]
     # Worker churn: PIDs that appeared after the first listing or vanished before the last.
     timeline = d.get("timeline", [])

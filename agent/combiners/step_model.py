@@ -800,8 +800,9 @@ def workers_of(proc: dict[str, Any], me: dict[str, Any], w_now: int, spy_workers
     reaped = proc.get("reaped_children_cores") if me["pid"] == proc.get("pid") else None
     if reaped and (churn.get("appeared") or churn.get("vanished")):
         # Workers re-created every epoch mostly live between the readings: the ones that exited
-        # were reaped, and their CPU is in the parent's cutime + cstime (whole lives: a worker born
-        # before the window counts all of its CPU), plus the window's CPU of those alive at the end.
+        # were reaped, and their CPU is in the parent's cutime + cstime (the process probe takes off
+        # what those seen at the window's start had spent before it), plus the window's CPU of those
+        # alive at the end.
         alive = sum(float(x.get("cpu_cores") or 0.0) for x in w_proc if x["alive_at_end"])
         worker_cores = max(worker_cores, float(reaped) + alive)
     return w_proc, w_now, worker_cores

@@ -183,3 +183,16 @@ def test_accuracy_targets_on_public_code():
     assert statistics.median(abs(math.log(x)) for x in ratios) <= 0.10, ratios
     assert 0.95 <= statistics.median(ratios) <= 1.05, ratios
     assert covered >= 0.9 * len(ratios), ratios
+
+
+def test_reaped_workers_count_only_their_cpu_inside_the_window():
+    """pytorch/examples ImageNet on the H100 (2 workers, re-created each epoch): its window
+    saw the epoch's two workers joined and the validation pass's two started. The parent's cutime +
+    cstime holds the joined workers' whole lives (60 CPU-s for a 4.9 s window): counted whole, the
+    workers 'used' 13 cores and more workers were rated 1.00x (measured 6.07x). Their CPU before the
+    window (at the start snapshot) is not the window's."""
+    fs = run_cli("report", str(PUBLIC / "bundles" / "imagenet-jpeg-j2-r3.tar.gz"), "--json").json()["findings"]
+    f = next(f for f in fs if f["id"] == "dataloader.starved")
+    cores = f["details"]["step_model"]["worker_cores"]
+    assert 1.0 <= cores <= 2.5, cores          # 4 workers, two at a time: 1.73 cores
+    assert f["expected_speedup"] >= 1.5
