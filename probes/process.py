@@ -430,8 +430,8 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
     # The target's children reaped in the window: what the readings of short-lived workers miss. The
     # kernel's cutime + cstime holds a reaped child's whole life, so the CPU that the children seen
     # at the start had spent before it is taken off (workers of the epoch before, joined inside the
-    # window: timm's ImageNet script's two workers had spent 55 CPU-s before a 4.9 s window, which
-    # read as 12 cores). Captures before 2026-12-03 lack it.
+    # window: pytorch/examples' ImageNet script's two workers had spent 55 CPU-s before a 4.9 s window,
+    # which read as 12 cores). Captures before 2026-12-03 lack it.
     ms, me_ = start["procs"].get(pid), end["procs"].get(pid)
     reaped = None
     if ms and me_ and (ms.get("ps") or {}).get("children_s") is not None \

@@ -128,7 +128,7 @@ class _ProcessEvidenceSeen(TypedDict):
     processes: List[ProcessRow]
     workers: List[WorkerCpu]
     worker_churn: WorkerChurn
-    reaped_children_cpu_s: Optional[float]  # the target's children reaped in the window (cutime + cstime)
+    reaped_children_cpu_s: Optional[float]  # CPU in the window of the target's children reaped in it (cutime + cstime, less their CPU before the window)
     reaped_children_cores: Optional[float]  # ... over the window; None in captures without it
     threads_at_start: Optional[int]
     total_cpu_cores: float
