@@ -128,7 +128,8 @@ class _ProcessEvidenceSeen(TypedDict):
     processes: List[ProcessRow]
     workers: List[WorkerCpu]
     worker_churn: WorkerChurn
-    reaped_children_cpu_s: Optional[float]  # CPU in the window of the target's children reaped in it (cutime + cstime, less their CPU before the window)
+    # CPU in the window of the target's children reaped in it (cutime + cstime, less their CPU before it)
+    reaped_children_cpu_s: Optional[float]
     reaped_children_cores: Optional[float]  # ... over the window; None in captures without it
     threads_at_start: Optional[int]
     total_cpu_cores: float
