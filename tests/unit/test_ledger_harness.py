@@ -249,3 +249,22 @@ def test_an_audit_of_a_bare_compute_bound_report_is_kept_apart():
     got = public_knobs.ledger_row(res, "x-r2", "bundles/x-r2.tar.gz")
     assert [(e["variant"], e["finding"], e["predicted"]) for e in got["applied"]] == [("top", "host.launch_bound", 1.9)]
     assert public_ledger.primary(got)["measured"] == 1.4
+
+
+def test_the_pooled_ratio_follows_where_a_phase_lands_in_few_windows():
+    # pytorch/examples ImageNet on JPEGs (H100): three fixed windows ran 28-29 steps/s, one caught
+    # the validation pass (4.8): the median ratio is 6.07x, every window's steps together 4.95x.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("public_ledger", REPO / "benchmarks" / "public_ledger.py")
+    public_ledger = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("public_ledger", public_ledger)
+    spec.loader.exec_module(public_ledger)
+    led = json.loads((DATA / "ledger" / "public" / "public-ledger-gpu.json").read_text())
+    row = next(r for r in led["rows"] if r["job"] == "imagenet-jpeg-j2-r3")
+    assert round(public_ledger.pooled_ratio(row["before"], row["applied"][0]["after"]), 2) == 4.95
+    assert public_ledger.pooled_ratio([], [1.0]) is None and public_ledger.pooled_ratio([1.0], [1.0, 2.0]) is None
+    page = public_ledger.render([led])
+    line = next(x for x in page.splitlines() if x.startswith("| imagenet-jpeg-j2-r3 "))
+    assert "; pooled 4.95x |" in line
+    steady = next(x for x in page.splitlines() if x.startswith("| imagenet-dummy-j2-r3 "))
+    assert "pooled" not in steady                     # within 15% of its median: nothing added
