@@ -288,7 +288,7 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so,
             # unless that minimum is out of all proportion to the budget (a process of many threads).
-            least = pr.min_cost(spec.window_s, job.threads, job.direct_children) * sp
+            least = pr.min_cost(spec.window_s, job.threads, job.direct_children, job.busy_threads, job.ranks) * sp
             if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
                 p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
                                       f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "

@@ -103,6 +103,18 @@ def test_no_gil_sampler_beside_only_idle_threads():
     assert plan["gil_rate_hz"] > 0
 
 
+def test_a_spent_budget_keeps_the_training_thread_at_its_least_rate_when_no_gil_sampler_runs():
+    """The least sampling counts the GIL sampler only where one is planned: counted beside an idle
+    thread, its share went to the training thread (20 Hz for 15 on the 2-CPU machine)."""
+    spec = WatchSpec(pid=1, window_s=10.0, rate_hz=25)
+    job = JobShape(pid=1, processes=(1,), threads=2, busy_threads=1, cpu_capacity=2.0)
+    p = cost.plan(spec, [pyspy.PySpyProbe()], job, speed=(1.0, "test"))
+    assert p.over_budget and p.probes["pyspy"].cpu_s > 0
+    least = pyspy.min_main_rate(10.0)
+    assert pyspy.PySpyProbe.min_cost(10.0, 2, 0, busy=1) < pyspy.PySpyProbe.min_cost(10.0, 2, 0, busy=2)
+    assert f"at {least} Hz" in p.probes["pyspy"].basis, p.probes["pyspy"].basis
+
+
 # -- the plan's speed factor: a start-up that compiled bytecode is not a measure of speed ----------
 
 class _Spec:
