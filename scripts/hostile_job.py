@@ -48,12 +48,24 @@ def _idle_threads(n: int) -> None:
     threading.stack_size(64 * 1024)
     gate = _thread.allocate_lock()
     gate.acquire()
+    blocked: list[None] = []
+
+    def idle() -> None:
+        blocked.append(None)
+        gate.acquire()
+
     t0 = time.monotonic()
     for i in range(n):
-        _thread.start_new_thread(gate.acquire, ())
+        _thread.start_new_thread(idle, ())
         if (i + 1) % 2000 == 0:
             # where a slow start stands, for whoever waits for "ready" (not a PROGRESS line)
             print(f"STARTING threads={i + 1} t={time.monotonic() - t0:.1f}", flush=True)
+    # The new threads hand the GIL on, one to the next, as each blocks on the gate; the creator waits
+    # for its turn under the same long interval, so nobody wakes to ask for it before that. Back at
+    # the short interval with thousands still waiting, the creator took the GIL from the chain at
+    # every turn of its loop and let one thread through each time (no "ready" for minutes under load).
+    while len(blocked) < n:
+        time.sleep(0.01)
     threading.stack_size(0)
     sys.setswitchinterval(interval)
     # Ready once every thread exists (the kernel lists it).
