@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from scripts.ledger import HEALTHY_MAX, QUIET, Job  # noqa: E402
+from scripts.ledger import HEALTHY_MAX, QUIET, Job, bytecode_ready  # noqa: E402
 from trainprobe.reports.values import WORTH_ACTING_X  # noqa: E402
 
 PY = sys.executable
@@ -677,6 +677,7 @@ def interleaved(procs: list[PublicProc], seconds: float, settle: float, min_reps
 
 
 def diagnose(pid: int, bundle: Path, duration: float, extra: list[str]) -> dict[str, Any]:
+    bytecode_ready(AGENT)        # start up as an installed agent does: its plan then records the machine's speed
     r = subprocess.run([PY, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(duration),
                         "--json", "--save", str(bundle), *extra], cwd=AGENT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(AGENT)), timeout=duration + 240)

@@ -325,8 +325,27 @@ def interleaved(case: Case, before: "Job", after_knobs: dict[str, Any], reps: in
         after.stop()
 
 
+_COMPILED: set[str] = set()
+
+
+def bytecode_ready(root: Path) -> None:
+    """Compile the agent's modules under ROOT with this interpreter, once a process: a diagnosis that
+    compiles its modules from source (a frozen copy without bytecode, PYTHONDONTWRITEBYTECODE) starts
+    up at about twice the CPU of an installed agent, and its plan cannot measure the machine's speed
+    from that start-up (agent/cost.py: machine_speed), so the bundle would not record it."""
+    key = str(Path(root).resolve())
+    if key in _COMPILED:
+        return
+    import compileall
+    for part in ("agent", "probes", "reports"):
+        if (Path(root) / part).is_dir():
+            compileall.compile_dir(str(Path(root) / part), quiet=1)
+    _COMPILED.add(key)
+
+
 def diagnose(case: Case, out: Path, duration: float, extra: list[str]) -> tuple[dict[str, Any], Job]:
     """The diagnosis of the job before the fix, and the job itself, still running."""
+    bytecode_ready(REPO)
     job = Job(argv_of(case, case.knobs), case.competitors, case.knobs.get("_env"))
     try:
         job.wait_ready()

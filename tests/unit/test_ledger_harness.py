@@ -268,3 +268,14 @@ def test_the_pooled_ratio_follows_where_a_phase_lands_in_few_windows():
     assert "; pooled 4.95x |" in line
     steady = next(x for x in page.splitlines() if x.startswith("| imagenet-dummy-j2-r3 "))
     assert "pooled" not in steady                     # within 15% of its median: nothing added
+
+
+def test_the_agent_a_ledger_run_diagnoses_with_has_bytecode(tmp_path, monkeypatch):
+    """A frozen copy has no bytecode and the ledger's machines set PYTHONDONTWRITEBYTECODE: the
+    harness compiles it once, so each diagnosis starts up as an installed agent does and its plan
+    records the machine's speed (agent/cost.py: startup_speed is None after a start-up that compiled)."""
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "mod.py").write_text("X = 1\n")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    ledger.bytecode_ready(tmp_path)
+    assert list((tmp_path / "agent" / "__pycache__").glob("mod.*.pyc"))
