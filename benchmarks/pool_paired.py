@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.paired_pool import factor, load, pool  # noqa: E402
+from scripts.paired_pool import as_is, factor, load, pool  # noqa: E402
 
 
 def main() -> int:
@@ -31,8 +31,7 @@ def main() -> int:
     per: dict[str, list[tuple[int, float, float]]] = {"steps/s": [], "duty": [], "work_rate": []}
     for p in a.files:
         d = load(p)
-        args = d.get("args") or {}
-        if a.as_is and (args.get("job_env") or args.get("job_cmd")):
+        if a.as_is and not as_is(d):
             continue
         for case in d.get("cases") or []:
             arm = (case.get("arms") or {}).get(a.arm)

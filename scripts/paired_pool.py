@@ -19,6 +19,12 @@ def load(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
+def as_is(run: dict[str, Any]) -> bool:
+    """A run of the job as it is: no --job-env, no --job-cmd (the one-thread, pinned and other variants)."""
+    args = run.get("args") or {}
+    return not (args.get("job_env") or args.get("job_cmd"))
+
+
 def factor(arm: dict[str, Any], name: str) -> tuple[int, float, float] | None:
     """(n, ratio, sd_log) of one factor of an arm: the whole steps/s ratio or a split factor."""
     x = arm if name == "steps/s" else arm.get(name)

@@ -45,12 +45,9 @@ QUOTA_CPUS = 0.15
 # The job (and the hog put beside it) run at this nice level: this host's 2 CPUs are shared with
 # other work, whose load would otherwise move the ranks' step times more than the causes do.
 NICE = -19
-HOGS = 3                 # spinning processes on the rank's CPU: the rank gets about 1 / (HOGS + 1) of it. With
-                         # 2 (2026-12-06, night) the live test named no straggler in 4 runs of 4: rank 1 waited
-                         # 0.25 of the step in collectives against rank 0's 0.43, inside the error, rank 0 itself
-                         # waiting for CPU 0 15% of the window (both nodes' agents run there while the spinners
-                         # fill CPU 1); the benchmark's earlier runs with 2 measured an excess of 0.58-0.74 (why
-                         # 2 no longer slow the rank that much here is not found; 3 passed 3 runs of 3)
+HOGS = 3                 # spinning processes on the rank's CPU: the rank gets about 1 / (HOGS + 1) of it. Two
+                         # (until 2026-12-06) left rank 1's collective-wait asymmetry inside the error in the
+                         # live test (0.18 of the step); why two no longer slow it as much is not found
 
 
 def _free_port() -> int:
