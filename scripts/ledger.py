@@ -836,6 +836,42 @@ def per_job(out_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "in_interval": all(x["in_interval"] for x in v)} for (source, job, finding), v in jobs.items()]
 
 
+def repeatability(out_rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How well a run's measured gain is known from the job's other runs: the bound the measurement's
+    own repeatability sets on any prediction made from one window. Rows of a job measured more than
+    once with the same finding and the same applied settings; each run's measured gain against the
+    geometric mean of the other runs' (a model that knew each job's gain exactly, and nothing of the
+    run's hour or window), beside the held-out model on the same rows; and, per such job of three runs
+    or more, the standard deviation of log(measured) and of log(predicted) across its runs: which of
+    the two moves more from one run to the next. None when no job was measured twice."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for x in out_rows:
+        key = (*_job_key(x), x["finding"], json.dumps(x.get("knobs") or {}, sort_keys=True))
+        groups.setdefault(key, []).append(x)
+    oracle, model, meas_sd, pred_sd = [], [], [], []
+    per: list[dict[str, Any]] = []
+    for v in groups.values():
+        if len(v) < 2:
+            continue
+        for i, x in enumerate(v):
+            others = math.exp(statistics.fmean(math.log(y["measured"]) for j, y in enumerate(v) if j != i))
+            oracle.append(others / x["measured"])
+            model.append(x["ratio"])
+        if len(v) >= 3:
+            meas_sd.append(statistics.stdev(math.log(y["measured"]) for y in v))
+            pred_sd.append(statistics.stdev(math.log(y["predicted"]) for y in v))
+            per.append({"job": job_of(v[0]["case"]), "source": v[0]["source"], "finding": v[0]["finding"],
+                        "knobs": v[0].get("knobs") or {}, "runs": len(v), "measured_sd_log": round(meas_sd[-1], 3),
+                        "predicted_sd_log": round(pred_sd[-1], 3),
+                        "ratio": round(math.exp(statistics.fmean(math.log(y["ratio"]) for y in v)), 3)})
+    if not oracle:
+        return None
+    return {"rows": len(oracle), "jobs_3plus": len(meas_sd), "jobs": per,
+            "oracle": summarize(oracle, 0), "model": summarize(model, 0),
+            "measured_sd_log": round(statistics.median(meas_sd), 3) if meas_sd else None,
+            "predicted_sd_log": round(statistics.median(pred_sd), 3) if pred_sd else None}
+
+
 def summarize(ratios: list[float], covered: int) -> dict[str, Any]:
     return {"rows": len(ratios),
             "median_abs_log": round(statistics.median(abs(math.log(x)) for x in ratios), 3) if ratios else None,
@@ -992,6 +1028,23 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
             out += [f"{title}: {t['rows']}; median |log(pred/meas)| {t['median_abs_log']}; median pred/meas "
                     f"{t['median_ratio']}; within 0.8-1.25x: {t['within_band']} of {t['rows']}; measured inside "
                     f"the interval: {t['in_interval']} of {t['rows']}.", ""]
+    rep = repeatability(pub_rows)
+    if rep:
+        o, m = rep["oracle"], rep["model"]
+        out += [f"Repeatability, public code (the jobs measured more than once with the same fix: {rep['rows']} "
+                f"runs): each run's measured gain against the geometric mean of the job's other runs, as a "
+                f"model that knew each job's gain and nothing of the run would predict it: within 0.8-1.25x "
+                f"{o['within_band']} of {o['rows']}, median |log| {o['median_abs_log']}; the held-out model on "
+                f"the same runs: {m['within_band']} of {m['rows']}, median |log| {m['median_abs_log']}. Across "
+                f"the runs of one job ({rep['jobs_3plus']} jobs of three runs or more), the median standard "
+                f"deviation of log(measured) is {rep['measured_sd_log']} and of log(predicted) "
+                f"{rep['predicted_sd_log']}:", "",
+                "| job (ledger) | finding | applied | runs | sd of log(measured) | sd of log(predicted) | pred/meas, geometric mean |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {j['job']} ({j['source']}) | {j['finding']} | "
+                f"{', '.join(f'{k}={v}' for k, v in j['knobs'].items() if k != 'non_blocking') or '-'} | "
+                f"{j['runs']} | {j['measured_sd_log']} | "
+                f"{j['predicted_sd_log']} | {j['ratio']} |" for j in rep["jobs"]] + [""]
     from trainprobe.reports.values import WORTH_ACTING_X   # the report's limit: a fix below it is not printed as one
     worth = [x for x in res["rows"] if x["predicted"] >= WORTH_ACTING_X]
     out += [f"Worth acting on (held-out prediction >= {WORTH_ACTING_X:g}x, the report's limit): {len(worth)} of "

@@ -279,3 +279,41 @@ def test_the_agent_a_ledger_run_diagnoses_with_has_bytecode(tmp_path, monkeypatc
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     ledger.bytecode_ready(tmp_path)
     assert list((tmp_path / "agent" / "__pycache__").glob("mod.*.pyc"))
+
+
+def test_repeatability_bounds_a_run_by_the_jobs_other_runs():
+    """A job measured three times with one fix: each run against the geometric mean of the other two;
+    a job measured once, or with another fix, is not a repeat."""
+    import math
+
+    from scripts.ledger import render_heldout, repeatability
+
+    def row(case, pred, meas, knobs=None):
+        return {"case": case, "source": "public-ledger-cpu.json", "finding": "dataloader.starved",
+                "knobs": knobs or {"num_workers": 1}, "predicted": pred, "interval": [pred * 0.8, pred * 1.3],
+                "measured": meas, "ratios": [meas], "ratio": round(pred / meas, 3),
+                "in_interval": True, "fitted": {}, "priors": []}
+    rows = [row("job", 1.0, 1.0), row("job-r2", 1.0, 1.5), row("job-r3", 1.3, 1.5),
+            row("other", 2.0, 2.0), row("job-r4", 1.2, 1.2, {"num_workers": 2})]
+    rep = repeatability(rows)
+    assert rep["rows"] == 3 and rep["jobs_3plus"] == 1
+    # run 1: 1.5 / 1.0 out of the band; runs 2 and 3: sqrt(1.5) / 1.5 = 0.816, inside
+    assert rep["oracle"]["within_band"] == 2 and rep["model"]["within_band"] == 2
+    assert math.isclose(rep["measured_sd_log"], round(math.sqrt(3) * math.log(1.5) / 3, 3), abs_tol=1e-3)
+    assert repeatability([row("alone", 1.0, 1.0)]) is None
+    res = {"rows": rows, "summary": {"rows": 5, "median_abs_log": 0.1, "median_ratio": 1.0, "within_band": 4,
+                                     "in_interval": 5}, "jobs": []}
+    line = next(x for x in render_heldout(res, "cmd").splitlines() if x.startswith("Repeatability"))
+    assert "within 0.8-1.25x 2 of 3" in line and "the same runs: 2 of 3" in line
+
+
+def test_window_spread_reads_a_windows_finding_and_its_step_model():
+    from scripts import window_spread as ws
+    rep = {"findings": [{"id": "compute.bound", "expected_speedup": 1.0, "details": {}},
+                        {"id": "dataloader.starved", "expected_speedup": 1.0, "expected_speedup_interval": [0.4, 1.4],
+                         "details": {"step_model": {"f_load": 0.25, "C": 0.75, "after": {"step": 1.25}}}}]}
+    row = ws.window_row(rep, None)
+    assert row["top"] == "compute.bound" and row["finding"] == "dataloader.starved"
+    assert row["model_speedup"] == 0.8 and row["f_load"] == 0.25 and row["expected_speedup"] == 1.0
+    s = ws.spread([1.0, 1.21, None])
+    assert s["n"] == 2 and s["geomean"] == 1.1 and s["min"] == 1.0 and s["max"] == 1.21
