@@ -1,6 +1,7 @@
 """`trainprobe diagnose`: attach to a running training process, watch it, print ranked fixes."""
 from __future__ import annotations
 
+import math
 import os
 
 import click
@@ -12,8 +13,28 @@ from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserEr
 MAX_WINDOW_S = 600.0
 
 
+# The windows' figures for one fix differ by more than this (max/min) before the summary pools them: a
+# job's phases (loading share, evaluation passes) move one window's split more than its sampling error.
+POOL_SPREAD = 1.2
+
+
+def pooled_fixes(rows: list[dict]) -> dict[str, dict]:
+    """Each finding with a fix that at least half of the windows rated: the geometric mean of its
+    expected speedup over those windows, with their range."""
+    out: dict[str, dict] = {}
+    ids = {k for w in rows for k in w.get("speedups") or {}}
+    for fid in sorted(ids):
+        xs = [w["speedups"][fid] for w in rows if fid in (w.get("speedups") or {})]
+        if fid == "compute.bound" or 2 * len(xs) < len(rows) or not all(x > 0 for x in xs):
+            continue
+        out[fid] = {"windows": len(xs), "geomean": round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 2),
+                    "min": min(xs), "max": max(xs)}
+    return out
+
+
 def windows_summary(reports: list[dict]) -> dict:
-    """How the verdicts of consecutive windows agree: each window's top finding and trust, and one line."""
+    """How the verdicts of consecutive windows agree: each window's top finding and trust, and one line;
+    where the windows rate one fix differently, that fix's numbers pooled over them (pooled_fixes)."""
     rows = []
     for r in reports:
         top = (r.get("findings") or [None])[0]
@@ -23,6 +44,8 @@ def windows_summary(reports: list[dict]) -> dict:
                      "top": top["id"] if top else None,
                      "expected_speedup": top.get("expected_speedup") if top else None,
                      "interval": top.get("expected_speedup_interval") if top else None,
+                     "speedups": {f["id"]: f["expected_speedup"] for f in r.get("findings") or []
+                                  if f.get("expected_speedup")},
                      "trusted": bool(trust.get("trusted", True)), "reasons": list(trust.get("reasons") or [])})
     tops = [w["top"] for w in rows]
     lead = max(set(tops), key=tops.count) if tops else None
@@ -38,7 +61,14 @@ def windows_summary(reports: list[dict]) -> dict:
         verdict = f"{same} of {len(rows)} windows give {name}{span}; the others: {others}"
     if untrusted:
         verdict += f"; {untrusted} window(s) not steady (see window: notes)"
-    return {"n": len(rows), "agree": same == len(rows), "top": lead, "per_window": rows, "verdict": verdict}
+    pooled = pooled_fixes(rows)
+    best = max(pooled, key=lambda k: pooled[k]["geomean"], default=None)
+    if best is not None and (same < len(rows) or pooled[best]["max"] > POOL_SPREAD * pooled[best]["min"]):
+        p = pooled[best]
+        verdict += (f"; {best}'s fix over {p['windows']} windows: {p['min']:.2f}-{p['max']:.2f}x, geometric mean "
+                    f"{p['geomean']:.2f}x (the windows' split moved: the mean is the steadier figure)")
+    return {"n": len(rows), "agree": same == len(rows), "top": lead, "per_window": rows, "pooled": pooled,
+            "verdict": verdict}
 
 
 PRIORITIES = ("normal", "low", "idle")
