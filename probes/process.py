@@ -51,6 +51,12 @@ def _snapshot_process(root: str, pid: int) -> dict[str, Any] | None:
                 "cpus_allowed": procfs.format_cpulist(proc.cpu_affinity()),
                 "rss_bytes": proc.memory_info().rss,
             }
+            try:
+                # When it started (unix time): a worker gone inside the window lived from its start
+                # to its join, its epoch's length (a window shorter than an epoch sees one start)
+                ps["create_time"] = round(proc.create_time(), 3)
+            except (psutil.Error, OSError):
+                pass
             # psutil reads every thread's stat; past the cap, the stat files read below give the
             # CPU times of the threads kept.
             if n_tasks <= procfs.MAX_THREADS_READ:
@@ -445,6 +451,19 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
     worker_pids = {w["pid"] for w in workers}
     appeared = sorted((set().union(*[set(r["pids"]) for r in timeline]) - first) & worker_pids) if timeline else []
     vanished = sorted((first - last) & worker_pids)
+    # How long the workers gone inside the window had lived, start to join (their epoch; captures from
+    # 2026-12-07 on): each one's start time to the middle of the listings about its exit.
+    lives = []
+    for p in vanished:
+        born = ((start["procs"].get(str(p)) or {}).get("ps") or {}).get("create_time")
+        seen = [i for i, r in enumerate(timeline) if p in r["pids"]]
+        if born is None or not seen or seen[-1] + 1 >= len(timeline):
+            continue
+        gone = (timeline[seen[-1]]["t_unix"] + timeline[seen[-1] + 1]["t_unix"]) / 2.0
+        lives.append(gone - float(born))
+    churn: dict[str, Any] = {"appeared": appeared, "vanished": vanished}
+    if lives:
+        churn["vanished_lifetime_s"] = round(sorted(lives)[len(lives) // 2], 3)
 
     main_tid = int(pid)
     py_threads = [t for t in main["threads"] if t["tid"] != main_tid]
@@ -468,7 +487,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         "processes": processes,
         "workers": [{"pid": w["pid"], "cpu_cores": w.get("cpu_cores"), "alive_at_end": w["alive_at_end"]}
                     for w in workers],
-        "worker_churn": {"appeared": appeared, "vanished": vanished},
+        "worker_churn": churn,
         "reaped_children_cpu_s": None if reaped is None else round(reaped, 4),
         "reaped_children_cores": None if reaped is None else round(reaped / window_s, 4),
         "threads_at_start": d.get("threads_at_start"),

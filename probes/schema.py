@@ -81,9 +81,13 @@ class WorkerCpu(TypedDict):
     alive_at_end: bool
 
 
-class WorkerChurn(TypedDict):
+class _WorkerChurnSeen(TypedDict):
     appeared: List[int]
     vanished: List[int]
+
+
+class WorkerChurn(_WorkerChurnSeen, total=False):
+    vanished_lifetime_s: float              # the vanished workers' median life, start to join (2026-12-07 on)
 
 
 class OnCpuThread(TypedDict):

@@ -297,6 +297,8 @@ class StepModel:
     recreated: bool = False
     churn_s: float = 0.0               # the loop's share starting and joining re-created workers
     churn_starts: int = 0              # ... starts of the training loader's workers the window saw
+    epoch_s: float | None = None       # seconds the workers gone inside the window had lived, start to join
+    window_s: float = 0.0              # seconds py-spy watched the training thread
     r_loop: float = 0.0
     n_samples: float = 100.0
     pid: int | None = None
@@ -653,14 +655,23 @@ class StepModel:
             # The window saw the workers started once: an epoch longer than the window holds one start
             # in a share of the job the window cannot tell (Lightning's GAN template: 0.35 s of starting
             # 16 workers in a 4.6 s window, in epochs of about 20 s; persistent workers measured 0.98x
-            # where the window's share gave 1.22x). As with a single evaluation pass: the middle is the geometric mean
-            # of the step with the window's share and with none of it, the longest step counts none.
+            # where the window's share gave 1.22x). Where the workers it saw go had lived longer than
+            # the window (their start to their join: the epoch), the start and join take their share
+            # of that epoch; else, as with a single evaluation pass, the middle is the geometric mean
+            # of the step with the window's share and with none of it. The longest step counts none.
             none = replace(self, churn_s=0.0)
-            mid = math.sqrt(mid * none._at(ch, "mid", cal)[0])
+            if self.epoch_known():
+                mid = replace(self, churn_s=self.churn_s * self.window_s / self.epoch_s)._at(ch, "mid", cal)[0]
+            else:
+                mid = math.sqrt(mid * none._at(ch, "mid", cal)[0])
             hi = max(hi, none._at(ch, "hi", cal)[0])
         lo, hi = min(lo, mid), max(hi, mid)
         capped = ch.intra_threads is not None and ch.intra_threads < self.loop_cores
         return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over, capped)
+
+    def epoch_known(self) -> bool:
+        """The workers the window saw go had lived longer than the window: their life is the epoch's."""
+        return bool(self.epoch_s and self.window_s and self.epoch_s > self.window_s)
 
     def one_start_only(self, ch: Change) -> bool:
         """The fix keeps re-created workers alive, and the window saw them started once (a capture
@@ -735,6 +746,7 @@ class StepModel:
              "U": round(self.u, 4), "P": round(self.p, 3), "P_allowed": self.p_allowed,
              "L": round(self.loop_cores, 3), "threads_busy": self.threads_busy, "W_now": self.w_now,
              "r_loop": round(self.r_loop, 4), "churn_s": round(self.churn_s, 4),
+             "epoch_s": None if self.epoch_s is None else round(self.epoch_s, 3),
              "worker_cores": round(self.worker_cores, 3), "pin_cores": round(self.pin_cores, 4),
              "pin_gil": None if self.pin_gil is None else round(self.pin_gil, 4),
              "wait_cpu": round(self.wait_cpu, 4),
@@ -879,6 +891,7 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
     _gpu_terms(ev, m)
     _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
     m.churn_s = _churn_share(tt, m.f, ev_start)
+    m.window_s = float(tt.get("seconds") or 0.0)
     m.churn_starts = sum(int(r.get("starts") or 0) for r in tt.get("loaders") or [] if r.get("trains") is not False)
     m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or []
                     if r.get("trains") is not False)
@@ -969,6 +982,7 @@ def _cpu_terms(ev: Evidence, m: StepModel, worst: dict[str, Any], workers: dict[
     m.step_s = _step_length(proc, me, m, win)
     churn = proc.get("worker_churn", {}) or {}
     m.recreated = bool(churn.get("appeared") or churn.get("vanished"))
+    m.epoch_s = churn.get("vanished_lifetime_s")
     m.worker_cores = worker_cores
     m.others = _others(ev, float(proc.get("total_cpu_cores") or m.u))
     m.switch_rate = _switch_rate(me, win)

@@ -205,9 +205,16 @@ def _churn(sm: StepModel | None, w: int, facts: list[Fact]) -> tuple[float, tupl
              f"(fitted to the ledger), at most half the loop's own time; persistent workers remove both: "
              + sm.derivation("with persistent workers", step).split("; ", 1)[1])
     if sm.one_start_only(Change(persistent=True, workers=w)):
-        bound += ("; the window saw the workers started once, which cannot tell the epoch's length (an epoch "
-                  "longer than the window holds its start in a smaller share of the job): the number is the "
-                  "geometric mean of the step with the window's share and with none of it")
+        if sm.epoch_known():
+            bound += (f"; the window saw the workers started once, and the workers it saw go had lived "
+                      f"{sm.epoch_s:.1f} s, start to join: the start and join take their share of that epoch, "
+                      f"not of the {sm.window_s:.1f} s window")
+            facts.append(Fact("process", "seconds the workers of the last epoch lived, start to join",
+                              round(sm.epoch_s, 2)))
+        else:
+            bound += ("; the window saw the workers started once, which cannot tell the epoch's length (an epoch "
+                      "longer than the window holds its start in a smaller share of the job): the number is the "
+                      "geometric mean of the step with the window's share and with none of it")
     return step.speedup, step.interval, bound
 
 

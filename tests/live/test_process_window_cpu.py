@@ -84,3 +84,32 @@ def test_children_reaped_in_the_window_are_counted_from_the_parents_cutime():
     assert got is not None and 0.3 <= got <= outer + 0.05, (got, outer)
     assert abs(ev["reaped_children_cores"] - got / ev["window_s"]) < 1e-3
     assert ev["worker_churn"]["appeared"] or ev["worker_churn"]["vanished"]
+
+
+# A parent whose worker (named as torch names them) lives 3 s, start to exit: an epoch's workers,
+# joined inside the window.
+EPOCH = r"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    open('/proc/self/comm', 'w').write('pt_data_worker_0')
+    time.sleep(3.0)
+    os._exit(0)
+print("ready", flush=True)
+os.waitpid(pid, 0)
+time.sleep(30)
+"""
+
+
+def test_a_worker_gone_inside_the_window_says_how_long_it_lived():
+    p = subprocess.Popen([sys.executable, "-c", EPOCH], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
+    finally:
+        p.kill()
+        p.wait()
+    assert ev["worker_churn"]["vanished"], ev["worker_churn"]
+    # its start (psutil's create_time) to the middle of the listings about its exit, 0.5 s apart
+    assert 2.6 <= ev["worker_churn"]["vanished_lifetime_s"] <= 3.6, ev["worker_churn"]
