@@ -4,6 +4,7 @@ start), not its whole life's CPU (what the start snapshot alone holds) nor nothi
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import psutil
 
@@ -68,16 +69,23 @@ while True:
 """
 
 
-def test_children_reaped_in_the_window_are_counted_from_the_parents_cutime():
-    p = subprocess.Popen([sys.executable, "-c", FORKER], stdout=subprocess.PIPE, text=True)
+@contextmanager
+def ready_parent(script: str):
+    """A parent running SCRIPT, once it printed "ready"; killed after the block."""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
-        t0 = psutil.Process(p.pid).cpu_times()
-        _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
-        t1 = psutil.Process(p.pid).cpu_times()
+        yield p
     finally:
         p.kill()
         p.wait()
+
+
+def test_children_reaped_in_the_window_are_counted_from_the_parents_cutime():
+    with ready_parent(FORKER) as p:
+        t0 = psutil.Process(p.pid).cpu_times()
+        _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
+        t1 = psutil.Process(p.pid).cpu_times()
     got = ev["reaped_children_cpu_s"]
     outer = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
     # the window's reaped CPU lies within what psutil read around the whole probe run
@@ -102,14 +110,9 @@ time.sleep(30)
 
 
 def test_a_worker_gone_inside_the_window_says_how_long_it_lived():
-    p = subprocess.Popen([sys.executable, "-c", EPOCH], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
+    with ready_parent(EPOCH) as p:
         time.sleep(1.0)
         _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
-    finally:
-        p.kill()
-        p.wait()
     assert ev["worker_churn"]["vanished"], ev["worker_churn"]
     # its start (psutil's create_time) to the middle of the listings about its exit, 0.5 s apart
     assert 2.6 <= ev["worker_churn"]["vanished_lifetime_s"] <= 3.6, ev["worker_churn"]
