@@ -114,5 +114,7 @@ def test_a_worker_gone_inside_the_window_says_how_long_it_lived():
         time.sleep(1.0)
         _, ev = run_probe(ProcessProbe(), p.pid, 4.0)
     assert ev["worker_churn"]["vanished"], ev["worker_churn"]
-    # its start (psutil's create_time) to the middle of the listings about its exit, 0.5 s apart
-    assert 2.6 <= ev["worker_churn"]["vanished_lifetime_s"] <= 3.6, ev["worker_churn"]
+    # its start (psutil's create_time) to the middle of the listings about its exit: 0.5 s apart on a
+    # quiet machine, up to about a second under a parallel suite's load (3.66 s read once). Neither
+    # the window's length (4 s) after its start nor the parent's age reads in this range.
+    assert 2.6 <= ev["worker_churn"]["vanished_lifetime_s"] <= 3.9, ev["worker_churn"]
