@@ -820,6 +820,20 @@ def job_of(case: str) -> str:
     return job
 
 
+def latest_abstentions(paths: list[Path]) -> dict[tuple[str, str], str]:
+    """The jobs of these ledgers (the public ledger's shape: rows in the order they ran, each with its
+    `status`) whose last run printed no fix: {(file name, job): that run}. A run an error cut short
+    does not count as one."""
+    out: dict[tuple[str, str], str] = {}
+    for path in paths:
+        last: dict[str, dict[str, Any]] = {}
+        for r in json.loads(path.read_text()).get("rows") or ():
+            if "job" in r and not r.get("error"):
+                last[job_of(r["job"])] = r
+        out.update({(path.name, j): r["job"] for j, r in last.items() if r.get("status") == "no fix printed"})
+    return out
+
+
 def _job_key(x: dict[str, Any]) -> tuple[str, str]:
     """A row's job, within its ledger file: what the fold leaves out and the fit and summaries weigh once."""
     return x["source"], job_of(x["case"])
@@ -1053,14 +1067,25 @@ def render_heldout(res: dict[str, Any], command: str) -> str:
                       if x["measured"] < 1.05) + ".", ""]
     # The agent as it ships, job by job: each job's latest run (the ledgers append runs in the order
     # they were measured), whose fix is the one the rules of that day printed.
+    # A job whose latest run printed no fix at all (a later diagnosis than its measured ones) is, as
+    # the agent ships, an abstention: its earlier measured fixes are not what a user is shown now.
+    abstained = res.get("latest_abstained") or {}
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for x in res["rows"]:
-        latest[(*_job_key(x), x["finding"])] = x
+        if _job_key(x) not in abstained:
+            latest[(*_job_key(x), x["finding"])] = x
     lw = [x for x in latest.values() if x["predicted"] >= WORTH_ACTING_X]
+    gone: dict[str, list[str]] = {}
+    for x in res["rows"]:
+        if _job_key(x) in abstained:
+            gone.setdefault(abstained[_job_key(x)], []).append(x["case"])
     out += [f"Each job's latest run: {len(latest)} jobs, {len(lw)} with a held-out prediction worth acting on; "
             f"measured >= 1.05x: {sum(x['measured'] >= 1.05 for x in lw)} of them"
             + "".join(f"; {x['case']} {x['predicted']:.2f}x for {x['measured']:.2f}x" for x in lw
-                      if x["measured"] < 1.05) + ".", ""]
+                      if x["measured"] < 1.05) + "."
+            + (" Left out, as the job's latest run printed no fix: "
+               + "; ".join(f"{a} (measured before: {', '.join(cs)})" for a, cs in sorted(gone.items())) + "."
+               if gone else ""), ""]
     below = [x for x in res["rows"] if x["predicted"] < WORTH_ACTING_X]
     if below:
         missed = [x for x in below if x["measured"] >= 1.05]
@@ -1105,6 +1130,7 @@ def main() -> int:
         skipped: list[dict[str, Any]] = []
         res = heldout(measured_rows(paths, skipped))
         res["unreplayable"] = skipped
+        res["latest_abstained"] = latest_abstentions(paths)
         print(render_heldout(res, "python benchmarks/ledger.py --heldout " + " ".join(a.heldout)))
         return 0
     if a.to_tests:

@@ -183,6 +183,32 @@ def test_the_held_out_page_counts_the_fixes_below_the_reports_limit():
     assert timed.split(":")[1].startswith(" 2;") and "within 0.8-1.25x: 2 of 2" in timed
 
 
+def test_a_job_whose_latest_run_printed_no_fix_leaves_the_latest_runs_count(tmp_path):
+    """The agent as it ships, job by job: a job measured with a fix and diagnosed again later with no
+    fix printed is an abstention now; its earlier fix leaves the latest runs' count and is named."""
+    from scripts.ledger import latest_abstentions, render_heldout
+
+    led = tmp_path / "public-ledger-gpu.json"
+    led.write_text(json.dumps({"rows": [
+        {"job": "gan", "status": "measured"}, {"job": "gan-r2", "status": "no fix printed"},
+        {"job": "mnist", "status": "no fix printed"}, {"job": "mnist-r2", "status": "measured"},
+        {"job": "vae", "status": "no fix printed"}, {"job": "vae-r2", "error": "start timed out"}]}))
+    assert latest_abstentions([led]) == {("public-ledger-gpu.json", "gan"): "gan-r2",
+                                         ("public-ledger-gpu.json", "vae"): "vae"}
+
+    def row(case, pred, meas):
+        return {"case": case, "source": "public-ledger-gpu.json", "finding": "dataloader.starved",
+                "knobs": {"num_workers": 1}, "predicted": pred, "interval": [pred * 0.8, pred * 1.3],
+                "measured": meas, "ratios": [meas], "ratio": round(pred / meas, 3),
+                "in_interval": True, "fitted": {}, "priors": []}
+    res = {"rows": [row("gan", 1.13, 0.98), row("mnist-r2", 1.9, 2.5)],
+           "summary": {"rows": 2, "median_abs_log": 0.1, "median_ratio": 1.0, "within_band": 1, "in_interval": 2},
+           "jobs": [], "latest_abstained": latest_abstentions([led])}
+    line = next(x for x in render_heldout(res, "cmd").splitlines() if x.startswith("Each job's latest run"))
+    assert line.startswith("Each job's latest run: 1 jobs, 1 with") and "measured >= 1.05x: 1 of them." in line
+    assert "Left out, as the job's latest run printed no fix: gan-r2 (measured before: gan)." in line
+
+
 def test_a_row_knows_whether_its_window_timed_the_step():
     # mnist_rnn's eighth run was diagnosed with the backward-pass counter; the VAE's first run predates it.
     from scripts.ledger import _step_timed
