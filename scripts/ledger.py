@@ -822,15 +822,22 @@ def job_of(case: str) -> str:
 
 def latest_abstentions(paths: list[Path]) -> dict[tuple[str, str], str]:
     """The jobs of these ledgers (the public ledger's shape: rows in the order they ran, each with its
-    `status`) whose last run printed no fix: {(file name, job): that run}. A run an error cut short
-    does not count as one."""
+    `status`) whose last run printed no fix: {(file name, job): that run}. The run printed none live
+    and its bundle, re-diagnosed by the rules of the day it joined the ledger (`replay_findings`, whose
+    top the replay tests hold to the current rules), rates no fix worth acting on either. A run an
+    error cut short does not count as one."""
+    from trainprobe.reports.values import WORTH_ACTING_X
+
+    def no_fix(r: dict[str, Any]) -> bool:
+        return r.get("status") == "no fix printed" and not any(
+            f["id"] != "compute.bound" and f["expected_speedup"] >= WORTH_ACTING_X for f in r.get("replay_findings") or ())
     out: dict[tuple[str, str], str] = {}
     for path in paths:
         last: dict[str, dict[str, Any]] = {}
         for r in json.loads(path.read_text()).get("rows") or ():
             if "job" in r and not r.get("error"):
                 last[job_of(r["job"])] = r
-        out.update({(path.name, j): r["job"] for j, r in last.items() if r.get("status") == "no fix printed"})
+        out.update({(path.name, j): r["job"] for j, r in last.items() if no_fix(r)})
     return out
 
 

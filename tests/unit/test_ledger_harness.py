@@ -192,7 +192,10 @@ def test_a_job_whose_latest_run_printed_no_fix_leaves_the_latest_runs_count(tmp_
     led.write_text(json.dumps({"rows": [
         {"job": "gan", "status": "measured"}, {"job": "gan-r2", "status": "no fix printed"},
         {"job": "mnist", "status": "no fix printed"}, {"job": "mnist-r2", "status": "measured"},
-        {"job": "vae", "status": "no fix printed"}, {"job": "vae-r2", "error": "start timed out"}]}))
+        {"job": "vae", "status": "no fix printed"}, {"job": "vae-r2", "error": "start timed out"},
+        # printed none live, but its bundle re-diagnosed rates a fix worth acting on: not an abstention
+        {"job": "siamese", "status": "no fix printed", "replay_findings": [
+            {"id": "host.launch_bound", "expected_speedup": 1.4}, {"id": "compute.bound", "expected_speedup": 1.0}]}]}))
     assert latest_abstentions([led]) == {("public-ledger-gpu.json", "gan"): "gan-r2",
                                          ("public-ledger-gpu.json", "vae"): "vae"}
 
