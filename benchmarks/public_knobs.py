@@ -44,6 +44,7 @@ import public_ledger as pl  # noqa: E402
 from public_ledger import WORTH_ACTING_X  # noqa: E402
 
 from scripts.arms import parse_arms, predicted  # noqa: E402
+from scripts.ledger import rerun_name  # noqa: E402
 
 
 def run(job: pl.PublicJob, arms: list[tuple[str, dict[str, Any]]], out: Path, a: argparse.Namespace) -> dict[str, Any]:
@@ -146,12 +147,8 @@ def to_tests(paths: list[Path]) -> None:
         res = json.loads(path.read_text())
         dst = pl.TESTS / f"public-ledger-{res['job']['kind']}.json"
         led = json.loads(dst.read_text())
-        names = {r["job"] for r in led["rows"]}
-        base, n = res["job"]["job"], 2
-        while f"{base}-r{n}" in names:
-            n += 1
-        name = f"{base}-r{n}"
-        names.add(name)
+        base = res["job"]["job"]
+        name = rerun_name(base, {r["job"] for r in led["rows"]} | {base})     # always a re-run: JOB-rN
         bundle = f"bundles/{name}.tar.gz"
         shutil.copy(path.with_name(path.name.removesuffix(".json") + ".tar.gz"), pl.TESTS / bundle)
         row = ledger_row(res, name, bundle)

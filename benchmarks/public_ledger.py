@@ -22,6 +22,7 @@ the spread of the first ones (95% interval of the mean log ratio within --target
     python benchmarks/public_ledger.py --kind gpu --out DIR --budget 420
     python benchmarks/public_ledger.py --dry-run --kind gpu    # the plan, run nothing
     python benchmarks/public_ledger.py --to-tests DIR/public-ledger-cpu.json [DIR2/public-ledger-gpu.json]
+    python benchmarks/public_ledger.py --to-tests DIR/public-ledger-gpu.json --append   # a later run: JOB-rN
     python benchmarks/public_ledger.py --render                # docs/validation-public.md from tests/data
 
 Writes DIR/public-ledger-KIND.json (every rate, every ratio, the report's findings, the bundle
@@ -1004,6 +1005,45 @@ def render(leds: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def replayed(bundle: Path) -> list[dict[str, Any]]:
+    """The findings of a saved bundle re-diagnosed by the rules as they are (`trainprobe report`)."""
+    rep = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(bundle.resolve()), "--json"], cwd=REPO,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return (json.loads(rep.stdout).get("findings") or []) if rep.stdout.strip() else []
+
+
+def append_to_tests(paths: list[Path]) -> None:
+    """Append later runs to the kept ledgers in tests/data/ledger/public/ as re-runs (`JOB-rN`, its
+    bundle beside it), each bundle's findings replayed by the current rules; the earlier runs stay."""
+    from scripts.ledger import append_runs
+    (TESTS / "bundles").mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        new = json.loads(path.read_text())
+        dst = TESTS / f"public-ledger-{new['meta']['kind']}.json"
+        led = json.loads(dst.read_text())
+        rows = {r["job"]: r for r in new["rows"]}
+        defs = {j.name: j for j in all_jobs()}
+        for r in new["rows"]:
+            j = defs.get(r["job"])
+            if j is not None:
+                for k, v in describe(j).items():
+                    r.setdefault(k, v)
+        for old, name in append_runs(led, new):
+            r, src = rows[old], path.parent / "bundles" / f"{old}.tar.gz"
+            if not r.get("bundle"):
+                continue
+            if not src.exists() or src.stat().st_size > 400_000:
+                r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
+                continue
+            shutil.copy(src, TESTS / r["bundle"])
+            fs = replayed(TESTS / r["bundle"])
+            r["replay_top"] = fs[0]["id"] if fs else None
+            r["replay_findings"] = brief(fs)
+            print(f"{name}: {r.get('top')} live, {r['replay_top']} replayed")
+        led["summary"] = summary(led["rows"])
+        dst.write_text(json.dumps(led, indent=1) + "\n")
+
+
 def to_tests(paths: list[Path]) -> None:
     """Copy ledgers and their bundles into tests/data/ledger/public/, with each bundle's top finding
     under the current rules (what tests/replay/test_public_ledger.py checks stays stable)."""
@@ -1045,9 +1085,7 @@ def to_tests(paths: list[Path]) -> None:
                 r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
                 continue
             shutil.copy(src, TESTS / "bundles" / src.name)
-            rep = subprocess.run([PY, "-m", "trainprobe.agent", "report", str(src.resolve()), "--json"], cwd=REPO,
-                                 capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-            fs = json.loads(rep.stdout).get("findings") or [] if rep.stdout.strip() else []
+            fs = replayed(src)
             r["replay_top"] = fs[0]["id"] if fs else None
             r["replay_findings"] = brief(fs)
             # what the current rules do not meet on this row: the replay tests expect it to fail
@@ -1088,6 +1126,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=840.0, help="no job starts after this many seconds")
     ap.add_argument("--job-seconds", type=float, default=150.0, help="a job's repetitions stop after this")
     ap.add_argument("--to-tests", nargs="*", default=None)
+    ap.add_argument("--append", action="store_true",
+                    help="with --to-tests: add the runs to the kept ledgers as re-runs (JOB-rN), not in place of them")
     ap.add_argument("--render", action="store_true", help="print the results section from tests/data")
     ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
     a = ap.parse_args()
@@ -1098,7 +1138,7 @@ def main() -> int:
         freeze(Path(a.freeze))
         return 0
     if a.to_tests is not None:
-        to_tests([Path(p) for p in a.to_tests])
+        (append_to_tests if a.append else to_tests)([Path(p) for p in a.to_tests])
         return 0
     if a.render:
         leds = [json.loads(p.read_text()) for p in sorted(TESTS.glob("public-ledger-*.json"))]

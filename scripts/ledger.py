@@ -820,6 +820,42 @@ def job_of(case: str) -> str:
     return job
 
 
+def rerun_name(base: str, names: set[str]) -> str:
+    """The name a new run of job `base` takes in a ledger that holds `names`: the job's own name the
+    first time, then `base-r2`, `base-r3`, ... (job_of() reads the job back)."""
+    if base not in names:
+        return base
+    n = 2
+    while f"{base}-r{n}" in names:
+        n += 1
+    return f"{base}-r{n}"
+
+
+def append_runs(led: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    """Append a later run's rows to a kept public ledger (both in benchmarks/public_ledger.py's shape),
+    each under rerun_name(); the run's meta joins `meta.runs`, its command and wall time the totals.
+    Renames each row's `job` and `bundle` (bundles/NEW.tar.gz) in place; returns (old, new) names,
+    for the caller to copy the bundles under their new names."""
+    names = {r["job"] for r in led["rows"]}
+    renamed = []
+    for r in new["rows"]:
+        name = rerun_name(r["job"], names)
+        names.add(name)
+        renamed.append((r["job"], name))
+        r["job"] = name
+        r.setdefault("gpu", new["meta"].get("gpu"))
+        if r.get("bundle"):
+            r["bundle"] = f"bundles/{name}.tar.gz"
+        led["rows"].append(r)
+    meta = led["meta"]
+    if "runs" not in meta:          # the kept ledger's first run is its top-level meta
+        meta["runs"] = [dict(meta)]
+    meta["runs"].append(dict(new["meta"]))
+    meta["command"] += "; " + new["meta"]["command"]
+    meta["wall_s"] += new["meta"]["wall_s"]
+    return renamed
+
+
 def latest_abstentions(paths: list[Path]) -> dict[tuple[str, str], str]:
     """The jobs of these ledgers (the public ledger's shape: rows in the order they ran, each with its
     `status`) whose last run printed no fix: {(file name, job): that run}. The run printed none live

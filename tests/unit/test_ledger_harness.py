@@ -346,3 +346,23 @@ def test_window_spread_reads_a_windows_finding_and_its_step_model():
     assert row["model_speedup"] == 0.8 and row["f_load"] == 0.25 and row["expected_speedup"] == 1.0
     s = ws.spread([1.0, 1.21, None])
     assert s["n"] == 2 and s["geomean"] == 1.1 and s["min"] == 1.0 and s["max"] == 1.21
+
+
+def test_a_later_run_joins_the_kept_ledger_as_a_rerun():
+    """benchmarks/public_ledger.py --to-tests --append: a job already kept gets JOB-rN (the next free
+    N), a new job its own name; the run's meta joins the kept runs, its bundle is renamed with it."""
+    from scripts.ledger import append_runs, job_of, rerun_name
+
+    assert rerun_name("gan", {"vae"}) == "gan"
+    assert rerun_name("gan", {"gan", "gan-r2", "gan-r4"}) == "gan-r3"
+    meta = {"kind": "gpu", "command": "first", "wall_s": 10.0, "gpu": "H200"}
+    led = {"meta": dict(meta), "rows": [{"job": "gan", "bundle": "bundles/gan.tar.gz"},
+                                        {"job": "gan-r2", "bundle": "bundles/gan-r2.tar.gz"}]}
+    new = {"meta": {"kind": "gpu", "command": "later", "wall_s": 5.0, "gpu": "H100"},
+           "rows": [{"job": "gan", "bundle": "bundles/gan.tar.gz"}, {"job": "vae", "bundle": None}]}
+    assert append_runs(led, new) == [("gan", "gan-r3"), ("vae", "vae")]
+    assert [r["job"] for r in led["rows"]] == ["gan", "gan-r2", "gan-r3", "vae"]
+    assert led["rows"][2]["bundle"] == "bundles/gan-r3.tar.gz" and led["rows"][2]["gpu"] == "H100"
+    assert led["rows"][3]["bundle"] is None and job_of("gan-r3") == "gan"
+    assert [m["command"] for m in led["meta"]["runs"]] == ["first", "later"]
+    assert led["meta"]["command"] == "first; later" and led["meta"]["wall_s"] == 15.0
