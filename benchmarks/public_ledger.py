@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from scripts.ledger import HEALTHY_MAX, QUIET, Job, bytecode_ready  # noqa: E402
+from scripts.ledger import HEALTHY_MAX, QUIET, Job, bytecode_ready, join_meta  # noqa: E402
 from trainprobe.reports.values import WORTH_ACTING_X  # noqa: E402
 
 PY = sys.executable
@@ -1012,6 +1012,43 @@ def replayed(bundle: Path) -> list[dict[str, Any]]:
     return (json.loads(rep.stdout).get("findings") or []) if rep.stdout.strip() else []
 
 
+def _describe(rows: list[dict[str, Any]]) -> None:
+    """Each row says what its job was (also a row an error cut short), from the job's definition."""
+    defs = {j.name: j for j in all_jobs()}
+    for r in rows:
+        j = defs.get(r["job"])
+        if j is not None:
+            for k, v in describe(j).items():
+                r.setdefault(k, v)
+
+
+def _keep_bundle(r: dict[str, Any], src: Path, name: str) -> None:
+    """Copy a row's bundle to tests/data as bundles/NAME, with its findings replayed by the current rules
+    and what they do not meet on the row (`misses`: the replay tests expect it to fail); a bundle over
+    400 kB, or missing, is left out and says so."""
+    if not src.exists() or src.stat().st_size > 400_000:
+        r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
+        return
+    kept = TESTS / "bundles" / name
+    if src.resolve() != kept.resolve():
+        shutil.copy(src, kept)
+    fs = replayed(kept)
+    r["replay_top"] = fs[0]["id"] if fs else None
+    r["replay_findings"] = brief(fs)
+    got = [f["id"] for f in fs]
+    miss = {}
+    if r.get("expect") and r["expect"] not in got:
+        miss["expect"] = f"{r['expect']} not found; the findings are {', '.join(got) or 'none'}"
+    for bad in r.get("expect_not") or ():
+        if bad in got:
+            miss["expect_not"] = f"{bad} claimed where no thread holds the GIL"
+    if miss:
+        r["misses"] = miss
+    else:
+        r.pop("misses", None)
+    r["bundle"] = f"bundles/{name}"
+
+
 def append_to_tests(paths: list[Path]) -> None:
     """Append later runs to the kept ledgers in tests/data/ledger/public/ as re-runs (`JOB-rN`, its
     bundle beside it), each bundle's findings replayed by the current rules; the earlier runs stay."""
@@ -1022,24 +1059,12 @@ def append_to_tests(paths: list[Path]) -> None:
         dst = TESTS / f"public-ledger-{new['meta']['kind']}.json"
         led = json.loads(dst.read_text())
         rows = {r["job"]: r for r in new["rows"]}
-        defs = {j.name: j for j in all_jobs()}
-        for r in new["rows"]:
-            j = defs.get(r["job"])
-            if j is not None:
-                for k, v in describe(j).items():
-                    r.setdefault(k, v)
+        _describe(new["rows"])
         for old, name in append_runs(led, new):
-            r, src = rows[old], path.parent / "bundles" / f"{old}.tar.gz"
-            if not r.get("bundle"):
-                continue
-            if not src.exists() or src.stat().st_size > 400_000:
-                r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
-                continue
-            shutil.copy(src, TESTS / r["bundle"])
-            fs = replayed(TESTS / r["bundle"])
-            r["replay_top"] = fs[0]["id"] if fs else None
-            r["replay_findings"] = brief(fs)
-            print(f"{name}: {r.get('top')} live, {r['replay_top']} replayed")
+            r = rows[old]
+            if r.get("bundle"):
+                _keep_bundle(r, path.parent / "bundles" / f"{old}.tar.gz", f"{name}.tar.gz")
+                print(f"{name}: {r.get('top')} live, {r.get('replay_top')} replayed")
         led["summary"] = summary(led["rows"])
         dst.write_text(json.dumps(led, indent=1) + "\n")
 
@@ -1066,41 +1091,14 @@ def to_tests(paths: list[Path]) -> None:
             old = by_kind[kind]
             mine = {r["job"] for r in led["rows"]}
             old["rows"] = [r for r in old["rows"] if r["job"] not in mine] + led["rows"]
-            old["meta"].setdefault("runs", [dict(old["meta"])]).append(led["meta"])
-            old["meta"]["command"] += "; " + led["meta"]["command"]
-            old["meta"]["wall_s"] += led["meta"]["wall_s"]
+            join_meta(old["meta"], led["meta"])
         else:
             by_kind[kind] = led
-    defs = {j.name: j for j in all_jobs()}
     for led in by_kind.values():
+        _describe(led["rows"])
         for r in led["rows"]:
-            j = defs.get(r["job"])
-            if j is not None:       # a row an error cut short still says what the job was
-                for k, v in describe(j).items():
-                    r.setdefault(k, v)
-            if not r.get("bundle"):
-                continue
-            src = Path(r["bundle"])
-            if not src.exists() or src.stat().st_size > 400_000:
-                r["bundle"], r["bundle_left_out"] = None, (f"{src.stat().st_size} bytes" if src.exists() else "missing")
-                continue
-            shutil.copy(src, TESTS / "bundles" / src.name)
-            fs = replayed(src)
-            r["replay_top"] = fs[0]["id"] if fs else None
-            r["replay_findings"] = brief(fs)
-            # what the current rules do not meet on this row: the replay tests expect it to fail
-            got = [f["id"] for f in fs]
-            miss = {}
-            if r.get("expect") and r["expect"] not in got:
-                miss["expect"] = f"{r['expect']} not found; the findings are {', '.join(got) or 'none'}"
-            for bad in r.get("expect_not") or ():
-                if bad in got:
-                    miss["expect_not"] = f"{bad} claimed where no thread holds the GIL"
-            if miss:
-                r["misses"] = miss
-            else:
-                r.pop("misses", None)
-            r["bundle"] = f"bundles/{src.name}"
+            if r.get("bundle"):
+                _keep_bundle(r, Path(r["bundle"]), Path(r["bundle"]).name)
         led["summary"] = summary(led["rows"])
         dst = TESTS / f"public-ledger-{led['meta']['kind']}.json"
         dst.write_text(json.dumps(led, indent=1))

@@ -847,13 +847,18 @@ def append_runs(led: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
         if r.get("bundle"):
             r["bundle"] = f"bundles/{name}.tar.gz"
         led["rows"].append(r)
-    meta = led["meta"]
-    if "runs" not in meta:          # the kept ledger's first run is its top-level meta
-        meta["runs"] = [dict(meta)]
-    meta["runs"].append(dict(new["meta"]))
-    meta["command"] += "; " + new["meta"]["command"]
-    meta["wall_s"] += new["meta"]["wall_s"]
+    join_meta(led["meta"], new["meta"])
     return renamed
+
+
+def join_meta(meta: dict[str, Any], later: dict[str, Any]) -> None:
+    """A later run's meta joins a kept ledger's: listed under `runs` (the kept ledger's first run is its
+    top-level meta), its command and wall time added to the totals."""
+    if "runs" not in meta:
+        meta["runs"] = [dict(meta)]
+    meta["runs"].append(dict(later))
+    meta["command"] += "; " + later["command"]
+    meta["wall_s"] += later["wall_s"]
 
 
 def latest_abstentions(paths: list[Path]) -> dict[tuple[str, str], str]:

@@ -887,11 +887,11 @@ def _build(ev: Evidence, pid: int | None) -> StepModel | None:
                   eval_passes=sum(int(r.get("passes") or 0) for r in tt.get("loaders") or []
                                   if r.get("trains") is False),
                   w_now=int(workers.get("count") or 0), pid=worst.get("pid"), ranks=len(ranks),
-                  n_samples=max(1.0, float(tt.get("seconds") or 0.0) * float(spy.get("rate_hz") or 25.0)))
+                  window_s=float(tt.get("seconds") or 0.0))
+    m.n_samples = max(1.0, m.window_s * float(spy.get("rate_hz") or 25.0))
     _gpu_terms(ev, m)
-    _cpu_terms(ev, m, worst, workers, float(tt.get("seconds") or 0.0))
+    _cpu_terms(ev, m, worst, workers, m.window_s)
     m.churn_s = _churn_share(tt, m.f, ev_start)
-    m.window_s = float(tt.get("seconds") or 0.0)
     m.churn_starts = sum(int(r.get("starts") or 0) for r in tt.get("loaders") or [] if r.get("trains") is not False)
     m.f_first = sum(float(r.get("first_wait") or 0.0) for r in tt.get("loaders") or []
                     if r.get("trains") is not False)
