@@ -729,8 +729,18 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     in_closure = 0.0                         # forward/backward seconds inside an optimizer's step (closure)
     started: tuple[str, str] | None = None   # the loader whose workers the loop last started
     last_loader: tuple[str, str] | None = None   # the loader of the thread's last data sample
+    # The loop loads its own batches (a complete sample in a single-process DataLoader's fetch): its
+    # truncated samples in loading code are loading too (pystacks.truncated).
+    in_loop = any(pystacks.classify_training(sp.stack, source) == "data_load" and not pystacks.truncated(sp.stack)
+                  for sp in training.spans)
+    truncated_s = truncated_load_s = 0.0
     for sp in training.spans:
         cat = pystacks.classify_training(sp.stack, source)
+        if pystacks.truncated(sp.stack):
+            truncated_s += sp.seconds
+            if in_loop and cat != "data_load" and pystacks.loading_code(sp.stack):
+                cat = "data_load"
+                truncated_load_s += sp.seconds
         by_cat[cat] += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
         by_stack[cat][sp.stack] += sp.seconds
@@ -797,6 +807,9 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         "loaders": _loaders(by_loader, trains, total),
         "data_transitions": _count_entries(timeline, ("data_wait", "data_load")),
         "observed_from": round(training.spans[0].t0, 4), "observed_to": round(training.spans[-1].t1, 4),
+        # samples py-spy read only in part (its nonblocking reads), and those counted as the loop's loading
+        "truncated_fraction": round(truncated_s / total, 4) if total else 0.0,
+        "truncated_loading_fraction": round(truncated_load_s / total, 4) if total else 0.0,
     }
     shares = _fractions(by_kind, total, pystacks.FRAME_KINDS)
     c, rq = cpu.get(training.os_tid, (None, None)) if training.os_tid is not None else (None, None)

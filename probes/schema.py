@@ -188,6 +188,8 @@ class TrainingThread(TypedDict):
     data_transitions: int
     observed_from: float
     observed_to: float
+    truncated_fraction: float               # share in samples py-spy read only in part (nonblocking reads)
+    truncated_loading_fraction: float       # ... in loading code, counted as data_load (the loop loads in-loop)
     data_load_breakdown: Dict[str, float]
     frame_kinds: Dict[str, float]           # pystacks.FRAME_KINDS -> share of the thread's samples
     cpu_fraction: Optional[float]           # share of the window on a CPU (/proc; None: not read)

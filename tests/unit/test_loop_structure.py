@@ -138,3 +138,17 @@ def test_reaped_workers_cpu_counts_where_workers_are_re_created():
     steady = dict(proc, worker_churn={"appeared": [], "vanished": []})
     assert round(step_model.workers_of(steady, me, 0, None, 5.0)[2], 6) == 0.3
     assert round(step_model.workers_of(dict(proc, reaped_children_cores=None), me, 0, None, 5.0)[2], 6) == 0.3
+
+
+def test_a_stack_py_spy_read_only_in_part_is_truncated():
+    from trainprobe.probes.parsers.pystacks import loading_code, truncated
+    full = stack(("<module>", "/job/main.py", 142), ("train", "/job/main.py", 45))
+    assert not truncated(full) and not truncated(())
+    assert not truncated(stack(("_run_module_as_main", "<frozen runpy>", 198), ("train", "/job/m.py", 3)))
+    assert not truncated(stack(("Thread._bootstrap", "/usr/lib/python3.11/threading.py", 995),))
+    # pytorch/examples' mnist_rnn, read while its loop converted an image (a nonblocking read stops early)
+    part = stack(("get_image_num_channels", "/venv/site-packages/torchvision/transforms/functional.py", 82),
+                 ("Image.tobytes", "/venv/site-packages/PIL/Image.py", 790))
+    assert truncated(part) and loading_code(part)
+    assert not loading_code(stack(("Module._call_impl", MOD, 1790), ("LSTM.forward", "/venv/torch/nn/modules/rnn.py", 1100)))
+    assert loading_code(stack(("MyData.__getitem__", "/job/data.py", 12),))
