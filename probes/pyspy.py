@@ -418,8 +418,26 @@ class PySpyProbe(Probe):
                 traces.append(t)
         gil_text = capture.artifacts.get("gil_speedscope.json")
         tasks_text = capture.artifacts.get("tasks.json")
-        return analyse(traces, source, capture.meta, gil_doc=json.loads(gil_text) if gil_text else None,
-                       tasks=json.loads(tasks_text) if tasks_text else None)
+        out = analyse(traces, source, capture.meta, gil_doc=json.loads(gil_text) if gil_text else None,
+                      tasks=json.loads(tasks_text) if tasks_text else None)
+        unread = read_unread(capture.artifacts.get("pyspy.log") or "")
+        if unread is not None:
+            out["unread"] = unread
+        return out
+
+
+_SAMPLES_LINE = re.compile(r"Samples: (\d+) Errors: (\d+)")
+
+
+def read_unread(log: str) -> dict[str, Any] | None:
+    """py-spy's closing count of the training process's sampler ("Samples: N Errors: E"): the samples
+    its non-blocking reads could not read are dropped, and they fall where the loop's Python changes
+    fastest (docs/probes.md)."""
+    found = _SAMPLES_LINE.findall(log)
+    if not found:
+        return None
+    n, e = (int(x) for x in found[-1])
+    return {"samples": n, "errors": e, "share": round(e / (n + e), 4) if n + e else 0.0}
 
 
 class _Sampler:
@@ -743,7 +761,8 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
                 truncated_load_s += sp.seconds
         by_cat[cat] += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
-        by_stack[cat][sp.stack] += sp.seconds
+        if not pystacks.truncated(sp.stack):     # the hottest stacks are whole ones, with their callers
+            by_stack[cat][sp.stack] += sp.seconds
         if cat in ("data_wait", "data_load"):
             site = pystacks.loader_site(sp.stack)
             if site is not None:

@@ -271,8 +271,15 @@ class _PySpySeen(TypedDict):
     gil: GilOwnership
 
 
+class Unread(TypedDict):
+    samples: int                            # the training process's samples py-spy read
+    errors: int                             # ... and those its non-blocking reads could not (dropped)
+    share: float                            # errors / (samples + errors)
+
+
 class PySpyEvidence(_PySpySeen, total=False):
     ranks: List[TrainerView]                # when the target's children train (torchrun)
+    unread: Unread                          # py-spy's own count, from its log (absent where it printed none)
     # The view of the training thread (the target's, or the rank that waits on data the most);
     # absent when no training thread was seen.
     timeline: List[TimelineSpan]

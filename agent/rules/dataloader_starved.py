@@ -44,6 +44,7 @@ MIN_BAND = 0.15               # log half-width of the narrowest interval (sampli
 BURSTY_BUSY = 0.70            # workers busy less than this while the loop still waits
 GPU_WORTH = 1.05              # with GPU evidence: the GPU must idle during the data wait to gain this
 FS_WORTH = 1.05               # handing batches over by file name joins the fix where it gains this over fds
+UNREAD_SHOWN = 0.05           # py-spy could not read at least this share of its samples: the evidence says so
 
 
 @dataclass
@@ -156,6 +157,11 @@ def _loop_facts(ev: Evidence, lp: Loop) -> list[Fact]:
         if lp.top:
             facts.append(Fact("pyspy", "hottest in-loop loading stack: " + " > ".join(lp.top[0]["stack"][-3:]),
                               lp.top[0]["fraction"]))
+        unread = (ev.get("pyspy") or {}).get("unread") or {}
+        if not lp.multi and unread.get("share", 0.0) >= UNREAD_SHOWN:
+            # dropped where the loop's Python changes fastest: in its own loading, that share reads low
+            facts.append(Fact("pyspy", "samples py-spy could not read without stopping the job (dropped; "
+                              "often in the loop's own loading, whose share then reads low)", unread["share"]))
     else:
         facts.append(Fact("pyspy", "training thread blocked in _MultiProcessingDataLoaderIter waiting for workers",
                           round(lp.f_wait, 3)))

@@ -120,3 +120,19 @@ def test_truncated_samples_in_loading_code_count_as_the_loops_loading():
     b = bundle_mod.load(str(pub / "vae-cpu-r3.tar.gz"))
     tt = evidence_from(b.captures, b.context).get("pyspy")["training_thread"]
     assert tt["truncated_fraction"] == 0.0 and tt["truncated_loading_fraction"] == 0.0
+
+
+def test_py_spys_dropped_samples_are_read_from_its_log_and_shown_beside_in_loop_loading():
+    from trainprobe.agent import bundle as bundle_mod
+    from trainprobe.agent.diagnosis import evidence_from
+    from trainprobe.agent.report import diagnose
+    from trainprobe.probes.pyspy import read_unread
+    from tests.helpers import DATA
+    assert read_unread("py-spy> Wrote chrome trace to 'x.json'. Samples: 113 Errors: 20\n") == {
+        "samples": 113, "errors": 20, "share": 0.1504}
+    assert read_unread("py-spy> Sampling process 30 times a second\n") is None
+    b = bundle_mod.load(str(DATA / "ledger" / "public" / "bundles" / "mnist-rnn-cpu-r12.tar.gz"))
+    ev = evidence_from(b.captures, b.context)
+    assert ev.get("pyspy")["unread"]["errors"] == 20
+    f = next(x for x in diagnose(ev)[0] if x.id == "dataloader.starved")
+    assert any("could not read" in e.fact for e in f.evidence), [e.fact for e in f.evidence]
