@@ -115,3 +115,20 @@ def test_process_probe_sees_workers_threads_and_cpus(workload):
     # through a short window; together they must have done work.
     assert all(x["cpu_cores"] is not None for x in workers)
     assert sum(x["cpu_cores"] for x in workers) > 0.02
+
+
+def test_py_spys_own_count_of_what_it_read_is_kept(inloop_job, tmp_path):
+    """py-spy's closing line ("Samples: N Errors: E") from the real sampler: the samples its
+    non-blocking reads dropped (pyspy.unread), and the training thread's truncated share."""
+    from trainprobe.agent import bundle as bundle_mod
+    from trainprobe.agent.diagnosis import evidence_from
+    out = tmp_path / "b.tar.gz"
+    r = run_cli("diagnose", "--pid", str(inloop_job.pid), "--duration", "3", "--json", "--save", str(out))
+    assert r.rc == 0, r.err
+    b = bundle_mod.load(str(out))
+    py = evidence_from(b.captures, b.context).get("pyspy")
+    u = py["unread"]
+    assert u["samples"] >= 30 and u["errors"] >= 0 and 0.0 <= u["share"] < 0.5, u
+    tt = py["training_thread"]
+    assert 0.0 <= tt["truncated_loading_fraction"] <= tt["truncated_fraction"] <= 1.0
+    assert tt["breakdown"]["data_load"] > 0.1
