@@ -749,19 +749,19 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     last_loader: tuple[str, str] | None = None   # the loader of the thread's last data sample
     # The loop loads its own batches (a complete sample in a single-process DataLoader's fetch): its
     # truncated samples in loading code are loading too (pystacks.truncated).
-    in_loop = any(pystacks.classify_training(sp.stack, source) == "data_load" and not pystacks.truncated(sp.stack)
-                  for sp in training.spans)
+    cats = [pystacks.classify_training(sp.stack, source) for sp in training.spans]
+    cut = [pystacks.truncated(sp.stack) for sp in training.spans]
+    in_loop = any(c == "data_load" and not t for c, t in zip(cats, cut))
     truncated_s = truncated_load_s = 0.0
-    for sp in training.spans:
-        cat = pystacks.classify_training(sp.stack, source)
-        if pystacks.truncated(sp.stack):
+    for sp, cat, is_cut in zip(training.spans, cats, cut):
+        if is_cut:
             truncated_s += sp.seconds
             if in_loop and cat != "data_load" and pystacks.loading_code(sp.stack):
                 cat = "data_load"
                 truncated_load_s += sp.seconds
         by_cat[cat] += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
-        if not pystacks.truncated(sp.stack):     # the hottest stacks are whole ones, with their callers
+        if not is_cut:                           # the hottest stacks are whole ones, with their callers
             by_stack[cat][sp.stack] += sp.seconds
         if cat in ("data_wait", "data_load"):
             site = pystacks.loader_site(sp.stack)
