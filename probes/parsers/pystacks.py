@@ -223,8 +223,9 @@ MODULE_CALL = ("Module._wrapped_call_impl", "Module._call_impl", "Module.__call_
 # looks for, so a loop's own loading (PIL, transforms, collate: many short Python calls, where frames
 # change fastest) read that way counted as its other work, even as its forward (torchvision's
 # Normalize is an nn.Module). Measured on pytorch/examples' mnist_rnn on 2 CPUs, 5 s windows at
-# 30 Hz against blocking py-spy in the same run (docs/probes.md): nonblocking read the loop's loading
-# at 0.45 where blocking read 0.60; 0.49 with the truncated stacks counted as loading.
+# 30 Hz alternated with blocking py-spy in the same run (benchmarks/pyspy_nonblocking.py, 8 pairs):
+# non-blocking read the loop's loading at 0.52, 0.55 with the truncated stacks counted as loading,
+# blocking at 0.57 (docs/probes.md).
 THREAD_ROOTS = ("<module>",)
 
 
