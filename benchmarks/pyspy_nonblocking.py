@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import public_ledger as P  # noqa: E402
 from trainprobe.probes.parsers import pystacks  # noqa: E402
+from trainprobe.probes.pyspy import read_unread  # noqa: E402
 
 _FRAME = re.compile(r"^(.*) \(([^()]*):(\d+)\)$")
 
@@ -67,8 +68,8 @@ def window(pid: int, blocking: bool, seconds: float, rate: int, out: Path) -> di
     argv = ["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", str(rate), "--format", "raw",
             "-o", str(out), "--threads", "--idle"] + ([] if blocking else ["--nonblocking"])
     r = subprocess.run(argv, capture_output=True, text=True)
-    m = re.search(r"Samples: (\d+) Errors: (\d+)", r.stdout + r.stderr)
-    row: dict[str, Any] = dict(read_raw(out), errors=int(m.group(2)) if m else 0)
+    unread = read_unread(r.stdout + r.stderr)
+    row: dict[str, Any] = dict(read_raw(out), errors=unread["errors"] if unread else 0)
     n = max(row["samples"], 1)
     row["share"] = row["loading"] / n
     row["share_with_truncated"] = (row["loading"] + row["truncated_loading"]) / n
