@@ -754,13 +754,13 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     in_loop = any(c == "data_load" and not t for c, t in zip(cats, cut))
     truncated_s = truncated_load_s = 0.0
     for sp, cat, is_cut in zip(training.spans, cats, cut):
+        by_kind[pystacks.classify_wait(sp.stack, source, cat)] += sp.seconds
         if is_cut:
             truncated_s += sp.seconds
             if in_loop and cat != "data_load" and pystacks.loading_code(sp.stack):
                 cat = "data_load"
                 truncated_load_s += sp.seconds
         by_cat[cat] += sp.seconds
-        by_kind[pystacks.classify_wait(sp.stack, source)] += sp.seconds
         if not is_cut:                           # the hottest stacks are whole ones, with their callers
             by_stack[cat][sp.stack] += sp.seconds
         if cat in ("data_wait", "data_load"):

@@ -400,9 +400,10 @@ def _base_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def classify_wait(stack: tuple[Frame, ...], source: Mapping[str, str]) -> str:
-    """Where one training-thread sample was, as one of FRAME_KINDS (see the comment above)."""
-    cat = classify_training(stack, source)
+def classify_wait(stack: tuple[Frame, ...], source: Mapping[str, str], cat: str | None = None) -> str:
+    """Where one training-thread sample was, as one of FRAME_KINDS (see the comment above); `cat`:
+    its classify_training category where the caller has it already."""
+    cat = classify_training(stack, source) if cat is None else cat
     if cat in ("data_wait", "data_load"):
         return "data"
     if cat in ("h2d_copy", "host_sync"):
