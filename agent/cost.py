@@ -66,7 +66,7 @@ def job_shape(pid: int, root: str = "/") -> JobShape:
     busy = busy_threads(pid, root) if 1 < threads <= BUSY_READ_LIMIT else None
     return JobShape(pid=pid, processes=(pid, *[k for k, _ in kids]), children=dict(kids),
                     threads=threads, busy_threads=busy, cpu_capacity=cap, cpu_capacity_basis=basis,
-                    ranks=tuple(k for k, parent in kids if parent == pid and _has_local_rank(k, root)))
+                    ranks=tuple(k for k, parent in kids if parent == pid and _is_rank(k, root)))
 
 
 BUSY_READ_LIMIT = 256          # threads of the target read for busy_threads (more: not read)
@@ -103,12 +103,17 @@ def busy_threads(pid: int, root: str = "/") -> int | None:
     return n
 
 
-def _has_local_rank(pid: int, root: str) -> bool:
-    """A child that a launcher (torchrun) started as a rank carries LOCAL_RANK."""
+def _is_rank(pid: int, root: str) -> bool:
+    """A child that a launcher (torchrun) started as a rank carries LOCAL_RANK; one the job started
+    itself through multiprocessing's spawn (torch.multiprocessing.spawn, mp.Process) is not one of
+    torch's named DataLoader workers (probes/support/ranks.py)."""
     try:
-        return "LOCAL_RANK" in procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ"))
+        if "LOCAL_RANK" in procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ")):
+            return True
     except Exception:  # noqa: BLE001 - gone or unreadable: not known to be a rank
         return False
+    from trainprobe.probes.support import ranks
+    return ranks.child_is_spawned_trainer(pid, root)
 
 
 def budget_cpu_s(job: JobShape, window_s: float) -> tuple[float, str]:

@@ -68,7 +68,7 @@ GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "sharing_strategy", "compile"
 REPOS = {
     "pytorch/examples": ("77f55b912142e11fcfdf5b530231fb9c52f181e8",
                          ["mnist", "vae", "dcgan", "imagenet", "word_language_model", "siamese_network", "mnist_rnn",
-                          "super_resolution",
+                          "super_resolution", "mnist_hogwild",
                           ":(exclude)word_language_model/data"]),
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
@@ -354,6 +354,16 @@ def cpu_jobs() -> list[PublicJob]:
                   "pytorch/examples LSTM over MNIST rows, CPU, no workers",
                   cwd="mnist_rnn", data=lambda w: make_mnist(w / "data", 60_000),
                   flags={"item_every": _set("--log-interval")}),
+        PublicJob("hogwild-cpu", "cpu", EX, "mnist_hogwild/main.py", ["--epochs", "1000", "--log-interval", "200"],
+                  "pytorch/examples mnist_hogwild: two training processes (multiprocessing spawn) update one "
+                  "shared MNIST CNN, each loading its own batches, CPU", cwd="mnist_hogwild",
+                  data=lambda w: make_mnist(w / "data", 60_000), env={"TRAINPROBE_LEDGER_COUNT_ALL": "1"},
+                  flags={"item_every": _set("--log-interval")}),
+        PublicJob("hogwild4-cpu", "cpu", EX, "mnist_hogwild/main.py",
+                  ["--epochs", "1000", "--log-interval", "200", "--num-processes", "4"],
+                  "pytorch/examples mnist_hogwild with 4 training processes (its --num-processes) on 2 CPUs",
+                  cwd="mnist_hogwild", data=lambda w: make_mnist(w / "data", 60_000),
+                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1"}, flags={"item_every": _set("--log-interval")}),
         PublicJob("fabric-mnist-cpu", "cpu", PL, f"{FABRIC_MNIST}/train_fabric.py", ["--epochs", "1000"],
                   "Lightning Fabric's image_classifier example (MNIST CNN, Adadelta), CPU, no workers",
                   cwd=FABRIC_MNIST, data=lambda w: make_mnist(w / "Datasets", 60_000),
@@ -581,8 +591,9 @@ class PublicProc(Job):
         self.longest = job.longest
         self.progress = w / f".progress-{tag}"
         self.log = w / f".inject-{tag}.log"
-        for p in (self.progress, self.log):
+        for p in (self.progress, self.log, *w.glob(self.progress.name + ".*")):
             p.unlink(missing_ok=True)
+        self.counts: dict[str, int] = {}
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
                    TRAINPROBE_LEDGER_PROGRESS=str(self.progress), TRAINPROBE_LEDGER_LOG=str(self.log),
                    TRAINPROBE_LEDGER_KNOBS=json.dumps(knobs or {}), **job.env)
@@ -605,15 +616,19 @@ class PublicProc(Job):
         threading.Thread(target=self._poll, daemon=True).start()
 
     def _poll(self) -> None:
-        last = None
+        last: dict[str, str] = {}
         while self.proc.poll() is None:
-            try:
-                t, n = self.progress.read_text().split()[:2]
-                if t != last:
-                    last = t
-                    self.points.append((float(t), int(n)))
-            except (OSError, ValueError):
-                pass
+            # the main process's file, and one per training process it spawned (COUNT_ALL): the job's
+            # steps are their sum, each file's count carried between its own updates
+            for f in [self.progress, *self.progress.parent.glob(self.progress.name + ".*")]:
+                try:
+                    t, n = f.read_text().split()[:2]
+                except (OSError, ValueError):
+                    continue
+                if t != last.get(f.name):
+                    last[f.name] = t
+                    self.counts[f.name] = int(n)
+                    self.points.append((float(t), sum(self.counts.values())))
             time.sleep(0.1)
 
     def warm(self, seconds: float, timeout: float = 300) -> None:

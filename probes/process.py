@@ -25,6 +25,7 @@ from trainprobe.probes.base import (Availability, Capture, JobShape, Probe, Prob
 from trainprobe.probes.schema import ProcessEvidence
 from trainprobe.probes.support import oncpu as oncpu_mod
 from trainprobe.probes.support import stepcount
+from trainprobe.probes.support import ranks
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
@@ -172,6 +173,56 @@ def _start_oncpu(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "oncpu_mo
         return oncpu_mod.Sampler(reason=f"perf_event_open failed ({e})")
 
 
+MAX_RANKS_SAMPLED = 8
+
+
+def _rank_children(spec: WatchSpec, tree0: list[tuple[int, int]], env: dict[str, dict[str, str]],
+                   torch_v: str | None) -> list[int]:
+    """The target's children that are ranks: LOCAL_RANK (torchrun), or training processes the job
+    started through multiprocessing's spawn (probes/support/ranks.py)."""
+    mine = "LOCAL_RANK" in env.get(str(spec.pid), {})
+    return [p for p, pp in tree0 if pp == spec.pid and p != spec.pid and (
+        ("LOCAL_RANK" in env.get(str(p), {}) and not mine) or ranks.child_is_spawned_trainer(p, spec.root, torch_v))]
+
+
+def _start_rank_oncpu(spec: WatchSpec, snap0: dict[str, Any], rank_pids: list[int]) -> list["oncpu_mod.Sampler"]:
+    """CPU-clock samplers of the target's ranks that map an OpenMP runtime, each with its own maps
+    (cpu.oversubscribed prices a cap across ranks from them)."""
+    if spec.root not in ("", "/") or not rank_pids:
+        return []
+    found = rank_pids[:MAX_RANKS_SAMPLED]
+    # one event per thread, oncpu.MAX_THREADS over all the ranks: each rank's lowest thread ids (its
+    # main thread, then the intra-op team its first parallel op started)
+    per_rank = max(4, oncpu_mod.MAX_THREADS // len(found))
+    out = []
+    for p in found:
+        maps = procfs.try_read_text(spec.root, f"proc/{p}/maps") or ""
+        tids = sorted(int(t) for t in (snap0["procs"].get(str(p)) or {}).get("tasks", {}))[:per_rank]
+        if not tids or not oncpu_mod.openmp_ranges(maps):
+            continue
+        try:
+            s = oncpu_mod.start(tids, maps, spec.window_s)
+        except OSError:
+            continue
+        if s.reason:
+            s.close()
+            continue
+        out.append(s)
+    return out
+
+
+def _merge_rank_oncpu(oncpu: dict[str, Any] | None, samplers: list["oncpu_mod.Sampler"]) -> dict[str, Any] | None:
+    """The ranks' samples joined to the target's (thread ids are the host's: they do not collide)."""
+    for rs in samplers:
+        got = oncpu_mod.read(rs)
+        if oncpu is None:
+            oncpu = got
+        else:
+            oncpu["threads"].update(got["threads"])
+            oncpu["lost"] += got["lost"]
+    return oncpu
+
+
 def _start_stepcount(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "stepcount.Counter | None":
     """Count the training process's backward passes where it maps torch (the step's length); None
     where it maps no torch."""
@@ -242,13 +293,17 @@ class ProcessProbe(Probe):
         parents = {str(p): pp for p, pp in tree0}
         maps = procfs.try_read_text(root, f"proc/{spec.pid}/maps") or ""
         libs = _libraries(root, spec.pid, maps)
-        for p, _ in tree0:   # ranks under a launcher load CUDA, the launcher does not
-            if p != spec.pid and "LOCAL_RANK" in env.get(str(p), {}):
-                libs = sorted(set(libs) | set(_libraries(root, p)))
+        torch_v = ranks.torch_version(libs, root)
+        rank_pids = _rank_children(spec, tree0, env, torch_v)
+        for p in rank_pids:   # ranks under a launcher load CUDA, the launcher does not
+            libs = sorted(set(libs) | set(_libraries(root, p)))
         exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
         sampler = _start_oncpu(spec, snap0, maps)
+        # The ranks' threads too (a launcher's, or the training processes the job spawned): where a
+        # rank's team spins at OpenMP barriers on CPUs its siblings share (cpu.oversubscribed)
+        rank_samplers = _start_rank_oncpu(spec, snap0, rank_pids)
         counter = None
         try:
             counter = _start_stepcount(spec, snap0, maps)
@@ -257,7 +312,10 @@ class ProcessProbe(Probe):
         finally:
             try:
                 oncpu = oncpu_mod.read(sampler) if sampler is not None and not sampler.reason else None
+                oncpu = _merge_rank_oncpu(oncpu, rank_samplers)
             finally:
+                for rs in rank_samplers:        # closed whatever happened (read closes them too)
+                    rs.close()
                 backward = stepcount.read(counter) if counter is not None and not counter.reason else None
         n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
         rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
@@ -265,6 +323,8 @@ class ProcessProbe(Probe):
         rec.add("snapshots.json", json.dumps({
             "pid": spec.pid, "start": snap0, "end": snap1, "timeline": timeline, "parents": parents,
             "environ": env, "libraries": libs, "exe": exe, "cgroup": cgroup, "cpu_max": cpu_max,
+            # which torch: from 2.4 on its DataLoader workers name themselves (probes/support/ranks.py)
+            "torch_version": torch_v,
             "cpus_online": procfs.try_read_text(root, "sys/devices/system/cpu/online"),
             "target_exited_unix": target_exited_unix, "threads_at_start": n_threads,
             "processes_not_followed": follow.not_followed, "comms": follow.comms,
@@ -373,6 +433,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
     parents = {int(k): v for k, v in d.get("parents", {}).items()}
     environ = d.get("environ", {})
     libs = d.get("libraries", [])
+    torch_v = d.get("torch_version")       # None in captures before 2026-12-07: roles as before
 
     main_ref = end["procs"].get(pid) or start["procs"].get(pid)
     cpus_allowed = procfs.parse_cpulist(_proc_facts(main_ref)["cpus_allowed"])
@@ -399,7 +460,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         if ref is None:
             comm = comms.get(str(p), "")
             role = ("dataloader_worker" if comm.startswith(WORKER_COMM)
-                    else _role(p, int(pid), parents, env, "", environ=environ))
+                    else _role(p, int(pid), parents, env, "", environ=environ, comm=comm, torch=torch_v))
             row = {"pid": p, "ppid": parents.get(p), "role": role, "cmdline": "", "cpu_seconds": None,
                    "threads": [], "alive_at_end": False, "seen": "listing", "env": env}
             if str(p) in last_cpu:   # born and gone inside the window: all its CPU is the window's
@@ -421,7 +482,9 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
             cpu = last_cpu[str(p)] - facts["cpu_s"] if str(p) in last_cpu else None
         threads = _thread_rows(s, e, window_s)
         processes.append({
-            "pid": p, "ppid": facts["ppid"], "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ),
+            "pid": p, "ppid": facts["ppid"],
+            "role": _role(p, int(pid), parents, env, ref["cmdline"], main_ref["cmdline"], environ,
+                          comm=comms.get(str(p)) or _comm(ref), torch=torch_v),
             "cmdline": ref["cmdline"], "argv": ref.get("argv"), "state": facts["state"], "num_threads": facts["num_threads"],
             "cpu_seconds": None if cpu is None else round(max(cpu, 0.0), 4),
             "cpu_cores": None if cpu is None else round(max(cpu, 0.0) / window_s, 4),
@@ -529,13 +592,33 @@ def _kb_to_mb(v: str | None) -> float | None:
         return None
 
 
+def _comm(snap: dict[str, Any]) -> str | None:
+    """A process snapshot's comm (psutil's name, or the raw stat's in older captures)."""
+    ps = snap.get("ps")
+    if ps is not None:
+        return ps.get("comm")
+    try:
+        return procfs.parse_stat(snap["stat"])["comm"]
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def _role(pid: int, main_pid: int, parents: dict[int, int], env: dict[str, str], cmdline: str,
-          main_cmdline: str = "", environ: dict[str, dict[str, str]] | None = None) -> str:
+          main_cmdline: str = "", environ: dict[str, dict[str, str]] | None = None,
+          comm: str | None = None, torch: str | None = None) -> str:
     if pid == main_pid:
         return "main"
     parent_env = (environ or {}).get(str(parents.get(pid)), {})
     # DataLoader workers inherit their rank's LOCAL_RANK: a rank is the first process that has it.
     if "LOCAL_RANK" in env and parent_env.get("LOCAL_RANK") != env["LOCAL_RANK"]:
+        return "rank"
+    if ranks.is_worker_comm(comm):
+        return "dataloader_worker"
+    if ranks.is_helper(cmdline):
+        return "child"
+    # A child the job started through multiprocessing's spawn that does not name itself a DataLoader
+    # worker, under a torch whose workers do: a training process (torch.multiprocessing.spawn, hogwild).
+    if ranks.spawned_trainer(cmdline, comm, torch):
         return "rank"
     exe = cmdline.split(" ", 1)[0].rsplit("/", 1)[-1]
     if exe.startswith("python") or "multiprocessing" in cmdline or (main_cmdline and cmdline == main_cmdline):

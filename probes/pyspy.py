@@ -752,8 +752,10 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
     cats = [pystacks.classify_training(sp.stack, source) for sp in training.spans]
     cut = [pystacks.truncated(sp.stack) for sp in training.spans]
     in_loop = any(c == "data_load" and not t for c, t in zip(cats, cut))
-    truncated_s = truncated_load_s = 0.0
+    truncated_s = truncated_load_s = distributed_s = 0.0
     for sp, cat, is_cut in zip(training.spans, cats, cut):
+        if pystacks.in_distributed(sp.stack):
+            distributed_s += sp.seconds
         by_kind[pystacks.classify_wait(sp.stack, source, cat)] += sp.seconds
         if is_cut:
             truncated_s += sp.seconds
@@ -829,6 +831,8 @@ def _trainer_view(pid: int, by_pid: dict[int, list[pystacks.ThreadTrace]], trace
         # samples py-spy read only in part (its nonblocking reads), and those counted as the loop's loading
         "truncated_fraction": round(truncated_s / total, 4) if total else 0.0,
         "truncated_loading_fraction": round(truncated_load_s / total, 4) if total else 0.0,
+        # samples inside torch.distributed or a data-parallel wrapper (DDP, FSDP): ranks that step together
+        "distributed_fraction": round(distributed_s / total, 4) if total else 0.0,
     }
     shares = _fractions(by_kind, total, pystacks.FRAME_KINDS)
     c, rq = cpu.get(training.os_tid, (None, None)) if training.os_tid is not None else (None, None)

@@ -190,6 +190,7 @@ class TrainingThread(TypedDict):
     observed_to: float
     truncated_fraction: float               # share in samples py-spy read only in part (nonblocking reads)
     truncated_loading_fraction: float       # ... in loading code, counted as data_load (the loop loads in-loop)
+    distributed_fraction: float             # samples in torch.distributed or DDP/FSDP/DeepSpeed code (ranks in lockstep)
     data_load_breakdown: Dict[str, float]
     frame_kinds: Dict[str, float]           # pystacks.FRAME_KINDS -> share of the thread's samples
     cpu_fraction: Optional[float]           # share of the window on a CPU (/proc; None: not read)

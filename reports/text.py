@@ -108,8 +108,13 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
     if tgt.get("cmdline"):
         lines.append(st.dim("target: " + textwrap.shorten(tgt["cmdline"], WIDTH - 8)))
     workers = [w for w in tgt.get("workers", []) if w.get("role") == "dataloader_worker"]
-    others = [w for w in tgt.get("workers", []) if w.get("role") != "dataloader_worker"]
-    lines.append(st.dim(f"threads: {tgt.get('threads')}; DataLoader workers: {len(workers)}"
+    ranks = [w for w in tgt.get("workers", []) if w.get("role") == "rank"]
+    others = [w for w in tgt.get("workers", []) if w.get("role") not in ("dataloader_worker", "rank")]
+    lines.append(st.dim(f"threads: {tgt.get('threads')}; "
+                        + (f"training processes (ranks): {len(ranks)} "
+                           f"({', '.join(str(w['pid']) for w in ranks[:8])}{' ...' if len(ranks) > 8 else ''}); "
+                           if ranks else "")
+                        + f"DataLoader workers: {len(workers)}"
                         + (f" ({', '.join(str(w['pid']) for w in workers[:8])}{' ...' if len(workers) > 8 else ''})"
                            if workers else "")
                         + (f"; other children: {len(others)}" if others else "")

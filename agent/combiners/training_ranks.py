@@ -26,6 +26,21 @@ def trainers(spy: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+def lockstep(ev: Evidence) -> bool:
+    """Whether the job's ranks step together (synchronous data parallelism): a rank that torchrun started
+    (LOCAL_RANK), or one py-spy saw in torch.distributed or a data-parallel wrapper (DDP, FSDP, DeepSpeed).
+    Training processes the job spawned itself that do neither (pytorch/examples' mnist_hogwild: each
+    updates a shared model on its own) step on their own: none waits for another."""
+    procs = (ev.get("process") or {}).get("processes")
+    if procs is None:
+        return True
+    ranks = [p for p in procs if p.get("role") == "rank"]
+    if not ranks or any("LOCAL_RANK" in (p.get("env") or {}) for p in ranks):
+        return True
+    views = (ev.get("pyspy") or {}).get("ranks") or []
+    return any((v.get("training_thread") or {}).get("distributed_fraction", 0.0) > 0 for v in views)
+
+
 def data_share(tt: dict[str, Any]) -> float:
     return tt["breakdown"].get("data_wait", 0.0) + tt["breakdown"].get("data_load", 0.0)
 

@@ -74,6 +74,16 @@ def _thread_rows(ev: Evidence) -> tuple[list[dict[str, Any]], str]:
     return rows, source
 
 
+def _launcher_ranks(proc: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[int, ...]:
+    """The ranks whose threads are the loop where the target itself does not train (a launcher: its main
+    thread neither on a CPU nor waiting for one BUSY of the window); () otherwise."""
+    ranks = tuple(p["pid"] for p in proc.get("processes", []) if p.get("role") == "rank")
+    main = next((r for r in rows if r["tid"] == int(proc["pid"])), None)
+    if not ranks or (main is not None and main["cpu"] + main["r"] >= BUSY):
+        return ()
+    return ranks
+
+
 def src_of(source: str) -> str:
     return "sched" if source == "sched" else "process"
 
@@ -82,17 +92,21 @@ def _cmdline_prefix(cmdline: str | None) -> str:
     return (cmdline or "python train.py").strip()
 
 
-def _loads(rows: list[dict[str, Any]], pid: int) -> dict[str, Any] | None:
-    """Run-queue shares of the training thread, its busy team and the workers, and the job's demand."""
-    main_rows = [r for r in rows if r["pid"] == pid]
-    train = next((r for r in main_rows if r["tid"] == pid), None)
-    if train is None:
+def _loads(rows: list[dict[str, Any]], pid: int, rank_pids: tuple[int, ...] = ()) -> dict[str, Any] | None:
+    """Run-queue shares of the training thread, its busy team and the workers, and the job's demand.
+    Under a launcher (`rank_pids`: torchrun's ranks, or the training processes the job spawned) the
+    training threads are the ranks' main threads, the team their busy threads."""
+    loop_pids = set(rank_pids) or {pid}
+    main_rows = [r for r in rows if r["pid"] in loop_pids]
+    trains = [r for r in main_rows if r["tid"] == r["pid"]]
+    if not trains:
         return None
+    train = max(trains, key=lambda r: r["r"])
     team = [r for r in main_rows if r["cpu"] + r["r"] >= BUSY]
     workers = [r for r in rows if r["role"] == "dataloader_worker"]
     worker_main = [r for r in workers if r["tid"] == r["pid"]]
     r_team = sum(r["r"] for r in team) / len(team) if team else 0.0
-    return {"train": train, "team": team, "worker_main": worker_main,
+    return {"train": train, "team": team, "worker_main": worker_main, "ranks": sorted(rank_pids),
             "worker_pids": sorted({r["pid"] for r in workers}),
             "busy": [r for r in rows if r["cpu"] + r["r"] >= BUSY],
             "demand": sum(r["cpu"] + r["r"] for r in rows), "r_train": train["r"], "r_team": r_team,
@@ -116,8 +130,9 @@ def _thread_numbers(proc: dict[str, Any], rows: list[dict[str, Any]], ld: dict[s
     # that only waits for a CPU is not one).
     worker_threads = max((len([r for r in rows if r["pid"] == wp and r["cpu"] >= 2 * BUSY])
                           for wp in ld["worker_pids"]), default=0)
+    n_ranks = max(1, len(ld["ranks"]))
     return {"w_busy": len(busy_workers), "others_whole": others_whole, "p_free": p_free,
-            "n_main": max(1, p_free - len(busy_workers)), "worker_threads": worker_threads,
+            "n_main": max(1, (p_free - len(busy_workers)) // n_ranks), "worker_threads": worker_threads,
             "n_workers_cap": max(1, p_free - 1) if ld["worker_pids"] else 0}
 
 
@@ -158,6 +173,9 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
     worker_gain = 1.0
     if worker_hit and f_data is not None:
         worker_gain = 1.0 / (1.0 - min(r_workers, f_data, 0.95))
+    spin = _rank_team_spin(ev, ld) if ld["ranks"] and nt["n_main"] == 1 else None
+    if spin is not None:
+        return _spin_gain(ld, nt, spin)
     m = step_model.process_model(ev)
     n_after = nt["n_main"] if len(ld["team"]) > nt["n_main"] else None
     fewer = (ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"]
@@ -184,28 +202,103 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
     return step.speedup, step.interval, bound, m.details(step)
 
 
+SPIN_MIN_SAMPLES = 50        # the ranks' busy threads' CPU-clock samples needed (0.5 s of their CPU)
+
+
+def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
+    """Per rank, from the process probe's CPU-clock samples of its busy threads: the cores its training
+    thread worked (outside the OpenMP runtime and the kernel), the cores its other team threads worked,
+    and the runtime's and the kernel's shares of all their CPU; None without enough samples."""
+    proc = ev.get("process") or {}
+    oc = proc.get("oncpu") or {}
+    th = oc.get("threads") or {}
+    win = float(proc.get("window_s") or 0.0)
+    period = float(oc.get("period_ms") or 10.0) / 1000.0
+    if not th or not win:
+        return None
+    ranks, n_all, rt_all, k_all = [], 0, 0, 0
+    for rp in ld["ranks"]:
+        team = [r for r in ld["team"] if r["pid"] == rp and str(r["tid"]) in th]
+        main = next((th[str(r["tid"])] for r in team if r["tid"] == rp), None)
+        if main is None:
+            continue
+        others = [th[str(r["tid"])] for r in team if r["tid"] != rp]
+        work = lambda v: int(v["samples"]) - int(v["openmp"]) - int(v["kernel"])   # noqa: E731
+        ranks.append({"pid": rp, "loop_work": work(main) * period / win,
+                      "team_work": sum(work(v) for v in others) * period / win,
+                      "kernel": sum(int(v["kernel"]) for v in [main, *others]) * period / win})
+        for v in [main, *others]:
+            n_all += int(v["samples"])
+            rt_all += int(v["openmp"])
+            k_all += int(v["kernel"])
+    if n_all < SPIN_MIN_SAMPLES or not ranks:
+        return None
+    return {"ranks": ranks, "samples": n_all, "runtime_share": rt_all / n_all, "kernel_share": k_all / n_all}
+
+
+def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
+               spin: dict[str, Any]) -> tuple[float, tuple[float, float], str, dict[str, Any]]:
+    """Each rank capped at one intra-op thread has no OpenMP team left: nothing waits at a barrier for
+    a peer that waits for a CPU its siblings hold, and the rank's one thread gets a core of its own
+    (min(1, P / ranks)). Per second of today's progress the rank did w_l of work on its training
+    thread and w_t on its other team threads (their CPU-clock samples outside the OpenMP runtime and
+    the kernel); one thread does w_l + e w_t of it, e the team's parallel efficiency (par_eff: how
+    much of the others' work bought speed), so the rank steps min(1, P / ranks) / (w_l + e w_t) times
+    as fast. The ranks step on their own or together: the job's gain is their mean. The interval runs
+    e over its calibrated range, the bottom also keeping the kernel's time (switching that may stay)."""
+    cal = step_model.calibration()
+    cap = min(1.0, nt["p_free"] / max(len(ld["ranks"]), 1))
+
+    def gain(e: float, kernel: bool) -> float:
+        gs = [cap / max(r["loop_work"] + e * r["team_work"] + (r["kernel"] if kernel else 0.0), 0.02)
+              for r in spin["ranks"]]
+        return max(1.0, sum(gs) / len(gs))
+    mid = gain(cal.par_eff[1], False)
+    lo, hi = gain(cal.par_eff[2], True), gain(cal.par_eff[0], False)
+    r0 = spin["ranks"][0]
+    w, k, n = spin["runtime_share"], spin["kernel_share"], spin["samples"]
+    bound = (f"{len(ld['ranks'])} training processes, {len(ld['team'])} busy threads on {nt['p_free']} free CPUs: "
+             f"their threads spent {w:.0%} of their CPU in the OpenMP runtime (spinning at its barriers for a peer "
+             f"that waits for a CPU) and {k:.0%} in the kernel ({n} CPU-clock samples); a rank's training thread "
+             f"worked {r0['loop_work']:.2f} cores and its other intra-op threads {r0['team_work']:.2f} (PID "
+             f"{r0['pid']}); with one intra-op thread a rank has no team to wait for and a core of its own "
+             f"({cap:.2g}), and does that work at the team's parallel efficiency e = {cal.par_eff[1]:g}: "
+             f"{mid:.2f}x ({lo:.2f}-{hi:.2f}x for e from {cal.par_eff[2]:g} to {cal.par_eff[0]:g}); an estimate")
+    return mid, (lo, hi), bound, {"runtime_share": round(w, 4), "kernel_share": round(k, 4), "samples": n,
+                                  "core_per_rank": round(cap, 3), "par_eff": cal.par_eff[1],
+                                  "ranks": [{k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in r.items()}
+                                            for r in spin["ranks"]]}
+
+
 def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, others: float | None,
            f_data: float | None, sm: Any = None) -> list[Fix]:
     proc = ev.get("process") or {}
     main_proc = proc.get("main") or {}
     cmd = shlex.join(main_proc.get("argv") or _cmdline_prefix(main_proc.get("cmdline")).split())
     n_main, w_busy, team_now = nt["n_main"], nt["w_busy"], len(ld["team"])
+    n_ranks = len(ld["ranks"])
+    per_rank = -(-team_now // n_ranks) if n_ranks else team_now      # busy threads of a rank (the most)
     other_note = f", {nt['others_whole']} taken by other processes" if nt["others_whole"] else ""
     fixes = []
     # A team of no more threads than CPUs makes OpenMP spin at its barriers (libgomp: 300,000 spins,
     # 100 with more threads than CPUs); where others share the CPUs that spin burns the CPU its peers
     # wait for: keep the passive waits the team has today.
     passive = bool(sm is not None and sm.openmp and sm.shared() and n_main <= p_cpus)
-    if team_now > n_main:
+    if per_rank > n_main:
         knobs: dict[str, Any] = {"intra_op_threads": n_main}
         env = f"OMP_NUM_THREADS={n_main} MKL_NUM_THREADS={n_main}"
         change = f"torch.set_num_threads({n_main})  # at start-up, before the first op"
+        if n_ranks:
+            # the variables reach every rank: torchrun's and multiprocessing's children inherit them
+            change = (f"torch.set_num_threads({n_main})  # first thing in each training process, before its "
+                      "first op (or the variables below, which its processes inherit)")
         if passive:
             knobs["omp_wait_policy"] = "passive"
             env += " OMP_WAIT_POLICY=PASSIVE"
             change += ("; start it with OMP_WAIT_POLICY=PASSIVE: other processes share these CPUs, and a team of "
                        "no more threads than CPUs would spin at each barrier on a CPU its peer waits for")
-        fixes.append(Fix(f"Cap the training process at {n_main} intra-op thread{'s' if n_main != 1 else ''} "
+        who = f"each of the {n_ranks} training processes" if n_ranks else "the training process"
+        fixes.append(Fix(f"Cap {who} at {n_main} intra-op thread{'s' if n_main != 1 else ''} "
                          f"({team_now} busy now; {p_cpus:.3g} CPUs{other_note}"
                          + (f", {w_busy} for busy workers" if w_busy else "") + ")",
                          change=change, command=f"{env} {cmd}", knobs=knobs))
@@ -240,7 +333,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     if not proc.get("processes"):
         return None
     rows, source = _thread_rows(ev)
-    ld = _loads(rows, int(proc["pid"])) if rows else None
+    ld = _loads(rows, int(proc["pid"]), _launcher_ranks(proc, rows)) if rows else None
     if ld is None:
         return None
     p_cpus = float(proc.get("cpus_available") or 1.0)

@@ -30,7 +30,7 @@ from trainprobe.agent.analysis import gpu_idle
 from trainprobe.agent.analysis.gpu_idle import amdahl
 from trainprobe.agent.combiners import step_model
 from trainprobe.agent.combiners.step_model import CAL, Change, StepModel
-from trainprobe.agent.combiners.training_ranks import collective_wait_share, data_share, gpu_busy_of, trainers
+from trainprobe.agent.combiners.training_ranks import collective_wait_share, data_share, gpu_busy_of, lockstep, trainers
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import Fact, Finding, Fix, pct
 from trainprobe.agent.rules import rule
@@ -52,6 +52,7 @@ class Loop:
     """The training loop that waits longest on data (the straggler rank, or the one process)."""
     ranks: list[dict[str, Any]]
     worst: dict[str, Any]
+    lockstep: bool = True                    # the ranks step together (training_ranks.lockstep)
     tt: dict[str, Any] = field(init=False)
     f_wait: float = field(init=False)
     f_load: float = field(init=False)
@@ -127,9 +128,11 @@ def _rank_facts(ev: Evidence, lp: Loop) -> list[Fact]:
     for r in lp.ranks:
         if r is lp.worst:
             continue
-        wait = collective_wait_share(ev, r)
         facts.append(Fact("pyspy", f"rank PID {r['pid']}: share waiting for or loading its own batches",
                           round(data_share(r["training_thread"]), 3)))
+        if not lp.lockstep:
+            continue
+        wait = collective_wait_share(ev, r)
         mine, theirs = gpu_busy_of(ev, r["pid"]), gpu_busy_of(ev, lp.worst["pid"])
         if mine and theirs and mine[0] != theirs[0]:
             # Ranks run the same model on the same batch size: the straggler's GPU shows what a
@@ -452,9 +455,12 @@ def _title(lp: Loop, w_now: int) -> str:
              if lp.inloop and not w_now else f"The training loop waits on the DataLoader {pct(lp.f)} of the time")
     if lp.f_eval >= 0.05:
         title += f" (and {pct(lp.f_eval)} on an evaluation pass's loader)"
-    if lp.multi:
+    if lp.multi and lp.lockstep:
         title = (f"Rank PID {lp.worst['pid']} is the straggler: " + title[0].lower() + title[1:]
                  + f"; the other {len(lp.ranks) - 1} rank(s) wait for it in collectives")
+    elif lp.multi:
+        title = (f"Training process PID {lp.worst['pid']} (one of {len(lp.ranks)} that step on their own): "
+                 + title[0].lower() + title[1:])
     return title
 
 
@@ -472,7 +478,7 @@ def _starved_loop(ev: Evidence) -> Loop | None:
     ranks = trainers(ev.get("pyspy") or {})
     if not ranks:
         return None
-    lp = Loop(ranks, max(ranks, key=lambda r: data_share(r["training_thread"])))
+    lp = Loop(ranks, max(ranks, key=lambda r: data_share(r["training_thread"])), lockstep(ev))
     return lp if lp.f >= STARVED_SHARE else None
 
 
@@ -511,7 +517,7 @@ def _finding(ev: Evidence, force: dict[str, Any] | None = None) -> Finding | Non
         return None
     _widen(plan, recreated)
     conf = "high" if (m["known_p"] and lp.f >= 0.3 and plan.settings_help) else "medium"
-    if lp.multi:
+    if lp.multi and lp.lockstep:
         plan.bound += "; ranks step in lockstep, so the job's step is the straggler's"
     if lp.train_site:
         for fx in plan.fixes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainprobe.agent.combiners import stragglers
-from trainprobe.agent.combiners.training_ranks import node_cpu_facts, rank_facts, trainers
+from trainprobe.agent.combiners.training_ranks import lockstep, node_cpu_facts, rank_facts, trainers
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.findings import FINDING_IDS, Fact, Finding, Fix
 from trainprobe.agent.rules import rule
@@ -38,7 +38,7 @@ def local_rows(ev: Evidence) -> list[dict[str, Any]]:
     """The straggler model's rows for the ranks of this node's launcher (two or more), else []."""
     spy = ev.get("pyspy") or {}
     views = trainers(spy)
-    if len(views) < 2:
+    if len(views) < 2 or not lockstep(ev):
         return []
     window_s = float((ev.get("process") or {}).get("window_s") or ev.context.get("window", {}).get("seconds") or 0.0)
     node = node_cpu_facts(ev, window_s)
@@ -57,6 +57,9 @@ def local_rows(ev: Evidence) -> list[dict[str, Any]]:
 def rank_straggler(ev: Evidence) -> Finding | None:
     rows = local_rows(ev)
     if not rows:
+        if len(trainers(ev.get("pyspy") or {})) >= 2 and not lockstep(ev):
+            ev.note("the training processes step on their own (no torch.distributed or data-parallel frames, no "
+                    "launcher's LOCAL_RANK): none waits for another, so no straggler is named")
         return None
     v = stragglers.analyse(rows)
     if not v["stragglers"]:

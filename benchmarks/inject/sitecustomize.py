@@ -22,7 +22,9 @@ Put this folder first on PYTHONPATH of the job (benchmarks/public_ledger.py does
   TRAINPROBE_LEDGER_PROGRESS  a file: "unix_time steps" is rewritten in place at most every 0.2 s
                               from an optimizer step post-hook (no thread, no output);
                               TRAINPROBE_LEDGER_COUNT=backward counts loss.backward() calls instead,
-                              for a loop that updates its parameters without torch.optim.
+                              for a loop that updates its parameters without torch.optim;
+                              TRAINPROBE_LEDGER_COUNT_ALL=1 counts in every process that steps
+                              (training processes the script spawns), each in PROGRESS.PID.
   TRAINPROBE_LEDGER_THREAD    start a background Python thread in the job, labelled as injected:
                               "pipe" blocks in os.read of a pipe (a metrics uploader waiting),
                               "spin" runs pure Python in 20 ms bursts (a GIL holder).
@@ -45,6 +47,7 @@ _PROGRESS = os.environ.get("TRAINPROBE_LEDGER_PROGRESS")
 _OWNER = os.environ.setdefault("TRAINPROBE_LEDGER_OWNER", str(os.getpid()))
 _IS_OWNER = _OWNER == str(os.getpid())      # children (workers, compile pools) count nothing
 _LOADERS = os.environ.get("TRAINPROBE_LEDGER_LOADERS", "train")
+_COUNT_ALL = os.environ.get("TRAINPROBE_LEDGER_COUNT_ALL") == "1"   # every process that steps counts
 _APPLIED: list[str] = []
 _LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -186,7 +189,9 @@ def _patch_compile_models(torch) -> None:
 
 
 def _count_steps(torch) -> None:
-    fd = os.open(_PROGRESS, os.O_WRONLY | os.O_CREAT, 0o644)
+    # several training processes (TRAINPROBE_LEDGER_COUNT_ALL): each its own file, PROGRESS.PID
+    path = _PROGRESS if _IS_OWNER else f"{_PROGRESS}.{os.getpid()}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     state = {"n": 0, "last": 0.0}
 
     def hook(optimizer, args, kwargs):
@@ -227,7 +232,7 @@ def _after_torch(torch) -> None:
             _patch_compile(torch)
         if "compile_models" in _KNOBS and _IS_OWNER:
             _patch_compile_models(torch)
-        if _PROGRESS and _IS_OWNER:
+        if _PROGRESS and (_IS_OWNER or _COUNT_ALL):
             _count_steps(torch)
     except Exception as exc:  # noqa: BLE001 - the job runs on; the harness sees the log
         _log(f"patch failed: {type(exc).__name__}: {exc}")

@@ -247,6 +247,15 @@ def loading_code(stack: tuple[Frame, ...]) -> bool:
     return any(any(m in f.filename for m in _LOADING_FILES) or f.name.endswith(("__getitem__", "__getitems__"))
                for f in stack)
 
+_DISTRIBUTED_FILES = ("/torch/distributed/", "/torch/nn/parallel/distributed.py", "/deepspeed/")
+
+
+def in_distributed(stack: tuple[Frame, ...]) -> bool:
+    """A frame of the stack is torch.distributed's (collectives, FSDP) or a data-parallel wrapper's
+    (DistributedDataParallel, DeepSpeed): a rank that steps together with others."""
+    return any(any(m in f.filename for m in _DISTRIBUTED_FILES) for f in stack)
+
+
 # torch modules whose forward dynamo graph-breaks in by default, so torch.compile of a model that
 # runs them gives several graphs with eager code between them: recurrent modules (not traced unless
 # torch._dynamo.config.allow_rnn), and nn.TransformerEncoder / TransformerDecoder, whose causal-mask

@@ -187,13 +187,17 @@ def is_alive(pid: int, root: str = "/") -> bool:
 
 
 def launcher_of(pid: int, root: str = "/") -> int | None:
-    """If `pid` is one rank of a multi-rank job (LOCAL_RANK set, a Python parent with other ranks as
-    children, as under torchrun), the launcher's PID; else None. Reads only LOCAL_RANK."""
+    """If `pid` is one rank of a multi-rank job, the launcher's PID; else None. A rank is a process with
+    LOCAL_RANK whose Python parent has other such children (torchrun), or a training process the job
+    started through multiprocessing's spawn (torch.multiprocessing.spawn, mp.Process: no LOCAL_RANK)
+    whose parent started another (probes/support/ranks.py). Reads only LOCAL_RANK of the environment."""
+    from trainprobe.probes.support import ranks
     try:
         env = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ"), ("LOCAL_RANK",))
     except Exception:  # noqa: BLE001 - unreadable environ: not known to be a rank
         return None
-    if "LOCAL_RANK" not in env:
+    spawned = "LOCAL_RANK" not in env and ranks.child_is_spawned_trainer(pid, root)
+    if "LOCAL_RANK" not in env and not spawned:
         return None
     try:
         parent = inspect(inspect(pid, root).ppid, root)
@@ -203,6 +207,9 @@ def launcher_of(pid: int, root: str = "/") -> int | None:
         return None
     siblings = 0
     for kid in parent.children:
+        if spawned:
+            siblings += ranks.child_is_spawned_trainer(kid, root)
+            continue
         try:
             kenv = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{kid}/environ"), ("LOCAL_RANK",))
         except Exception:  # noqa: BLE001
