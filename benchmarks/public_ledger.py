@@ -35,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -422,6 +423,14 @@ def gpu_jobs() -> list[PublicJob]:
                   ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
                   "pytorch/examples imagenet/main.py --dummy (FakeData, PIL -> ToTensor), resnet18, -j 2",
                   cwd="imagenet", flags={"item_every": _set("--print-freq")}, warmup=8.0),
+        PublicJob("imagenet-mpd-j2", "gpu", EX, "imagenet/main.py",
+                  ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50",
+                   "--multiprocessing-distributed", "--world-size", "1", "--rank", "0",
+                   "--dist-url", "env://", "--dist-backend", "nccl"],
+                  "pytorch/examples imagenet/main.py --dummy, resnet18, -j 2, --multiprocessing-distributed: "
+                  "its DDP rank started by torch.multiprocessing.spawn (no launcher, no LOCAL_RANK), one per GPU",
+                  cwd="imagenet", flags={"item_every": _set("--print-freq")}, warmup=12.0,
+                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"}),
         PublicJob("imagenet-jpeg-j2", "gpu", EX, "imagenet/main.py",
                   [str(jpeg20k), "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
                   "pytorch/examples imagenet/main.py on an ImageFolder of 20,000 JPEGs (decode, RandomResizedCrop, "
@@ -597,6 +606,11 @@ class PublicProc(Job):
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
                    TRAINPROBE_LEDGER_PROGRESS=str(self.progress), TRAINPROBE_LEDGER_LOG=str(self.log),
                    TRAINPROBE_LEDGER_KNOBS=json.dumps(knobs or {}), **job.env)
+        if env.get("MASTER_PORT") == "free":
+            # the job's before and after processes run side by side (one paused): each its own port
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                env["MASTER_PORT"] = str(sk.getsockname()[1])
         env.pop("TRAINPROBE_LEDGER_OWNER", None)
         env.pop("TRAINPROBE_LEDGER_THREAD", None)
         if thread:

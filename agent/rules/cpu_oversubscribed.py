@@ -246,7 +246,9 @@ def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
     much of the others' work bought speed), so the rank steps min(1, P / ranks) / (w_l + e w_t) times
     as fast. The ranks step on their own or together: the job's gain is their mean. The interval runs
     e over its calibrated range, the bottom also keeping the kernel's time (switching that may stay)."""
-    cal = step_model.calibration()
+    # par_eff as it ships (fitted on single-process 2-CPU jobs whose teams did not thrash), not the
+    # calibration a held-out fold sets: these rows are not fitted to, nor fit it (docs/models.md)
+    cal = step_model.Calibration()
     cap = min(1.0, nt["p_free"] / max(len(ld["ranks"]), 1))
 
     def gain(e: float, kernel: bool) -> float:
