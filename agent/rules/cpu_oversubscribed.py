@@ -173,7 +173,7 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
     worker_gain = 1.0
     if worker_hit and f_data is not None:
         worker_gain = 1.0 / (1.0 - min(r_workers, f_data, 0.95))
-    spin = _rank_team_spin(ev, ld) if ld["ranks"] and nt["n_main"] == 1 else None
+    spin = _rank_team_spin(ev, ld) if ld["ranks"] else None
     if spin is not None:
         return _spin_gain(ld, nt, spin)
     m = step_model.process_model(ev)
@@ -238,36 +238,50 @@ def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
 
 def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
                spin: dict[str, Any]) -> tuple[float, tuple[float, float], str, dict[str, Any]]:
-    """Each rank capped at one intra-op thread has no OpenMP team left: nothing waits at a barrier for
-    a peer that waits for a CPU its siblings hold, and the rank's one thread gets a core of its own
-    (min(1, P / ranks)). Per second of today's progress the rank did w_l of work on its training
-    thread and w_t on its other team threads (their CPU-clock samples outside the OpenMP runtime and
-    the kernel); one thread does w_l + e w_t of it, e the team's parallel efficiency (par_eff: how
-    much of the others' work bought speed), so the rank steps min(1, P / ranks) / (w_l + e w_t) times
-    as fast. The ranks step on their own or together: the job's gain is their mean. The interval runs
-    e over its calibrated range, the bottom also keeping the kernel's time (switching that may stay)."""
+    """Each rank capped at n' intra-op threads, the ranks' threads together no more than the CPUs:
+    nobody waits at a barrier for a peer that waits for a CPU another rank holds, and each rank runs
+    its team on c = P / ranks cores of its own. Per second of today's progress the rank did w_l of
+    work on its training thread and w_t on its other team threads (their CPU-clock samples outside
+    the OpenMP runtime and the kernel), worth w_l + e w_t of one thread's work, e the team's parallel
+    efficiency (par_eff: how much of the others' work bought speed); after the cap its team does
+    1 + e (min(n', c) - 1) of one thread's work a second (c where c < 1). The rank steps that much
+    faster; the job's gain is the ranks' mean. The interval's bottom takes e = 1 with the kernel's
+    time kept (switching that may stay), its top the capped team at full parallel speed against
+    today's work at the middle e, or e = 0, whichever is higher: under thrash the team's work outside
+    the runtime is not all useful (cache refills, the barrier code outside libgomp), and a team that
+    thrashes no more does more of its work in parallel."""
     # par_eff as it ships (fitted on single-process 2-CPU jobs whose teams did not thrash), not the
     # calibration a held-out fold sets: these rows are not fitted to, nor fit it (docs/models.md)
     cal = step_model.Calibration()
-    cap = min(1.0, nt["p_free"] / max(len(ld["ranks"]), 1))
+    n_ranks = max(len(ld["ranks"]), 1)
+    cores = nt["p_free"] / n_ranks
+    n_after = max(1, nt["n_main"])
 
-    def gain(e: float, kernel: bool) -> float:
-        gs = [cap / max(r["loop_work"] + e * r["team_work"] + (r["kernel"] if kernel else 0.0), 0.02)
+    def rate(e: float) -> float:
+        return cores if cores < 1.0 else 1.0 + e * (min(n_after, cores) - 1.0)
+
+    def gain(e_after: float, e_today: float, kernel: bool) -> float:
+        gs = [rate(e_after) / max(r["loop_work"] + e_today * r["team_work"] + (r["kernel"] if kernel else 0.0), 0.02)
               for r in spin["ranks"]]
         return max(1.0, sum(gs) / len(gs))
-    mid = gain(cal.par_eff[1], False)
-    lo, hi = gain(cal.par_eff[2], True), gain(cal.par_eff[0], False)
+    e_hi, e_mid, e_lo = cal.par_eff[0], cal.par_eff[1], cal.par_eff[2]     # e = 0, 0.5, 1
+    mid = gain(e_mid, e_mid, False)
+    lo = min(gain(e_lo, e_lo, True), mid)
+    hi = max(gain(e_hi, e_hi, False), gain(e_lo, e_mid, False), mid)
     r0 = spin["ranks"][0]
     w, k, n = spin["runtime_share"], spin["kernel_share"], spin["samples"]
     bound = (f"{len(ld['ranks'])} training processes, {len(ld['team'])} busy threads on {nt['p_free']} free CPUs: "
              f"their threads spent {w:.0%} of their CPU in the OpenMP runtime (spinning at its barriers for a peer "
              f"that waits for a CPU) and {k:.0%} in the kernel ({n} CPU-clock samples); a rank's training thread "
              f"worked {r0['loop_work']:.2f} cores and its other intra-op threads {r0['team_work']:.2f} (PID "
-             f"{r0['pid']}); with one intra-op thread a rank has no team to wait for and a core of its own "
-             f"({cap:.2g}), and does that work at the team's parallel efficiency e = {cal.par_eff[1]:g}: "
-             f"{mid:.2f}x ({lo:.2f}-{hi:.2f}x for e from {cal.par_eff[2]:g} to {cal.par_eff[0]:g}); an estimate")
+             f"{r0['pid']}); with {n_after} intra-op thread{'s' if n_after != 1 else ''} a rank has {cores:.3g} "
+             f"core{'s' if cores != 1 else ''} of its own and no peer to wait for, and its team does "
+             f"{rate(e_mid):.2f} of one thread's work a second against today's "
+             f"{r0['loop_work'] + e_mid * r0['team_work']:.2f} (parallel efficiency e = {e_mid:g}): "
+             f"{mid:.2f}x ({lo:.2f}-{hi:.2f}x); an estimate")
     return mid, (lo, hi), bound, {"runtime_share": round(w, 4), "kernel_share": round(k, 4), "samples": n,
-                                  "core_per_rank": round(cap, 3), "par_eff": cal.par_eff[1],
+                                  "cores_per_rank": round(cores, 3), "threads_per_rank": n_after,
+                                  "par_eff": e_mid,
                                   "ranks": [{k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in r.items()}
                                             for r in spin["ranks"]]}
 

@@ -43,3 +43,32 @@ def test_the_top_fix_caps_every_rank_at_one_thread_priced_by_its_teams_spin():
         lo, hi = top.interval
         assert 1.5 < lo < top.expected_speedup < hi
         assert "OpenMP runtime" in top.speedup_bound
+
+
+def test_on_16_cpus_every_rank_keeps_half_the_cpus_and_the_spin_prices_it():
+    """The same script on the GPU node's 16 CPUs (2 processes x 16 threads): every thread spun 94% of
+    its CPU in the OpenMP runtime; the cap to 8 threads a process measured 32.98x, where the
+    one-thread form's fallback (the switch-rate model) printed 1.01x."""
+    ev = _ev(DATA / "ledger" / "public" / "bundles" / "hogwild-cpu-r3.tar.gz")
+    findings, _ = diagnose(ev)
+    top = findings[0]
+    assert top.id == "cpu.oversubscribed" and top.fixes[0].knobs == {"intra_op_threads": 8}
+    d = top.details["step_model"]
+    assert d["runtime_share"] > 0.9 and d["threads_per_rank"] == 8 and d["cores_per_rank"] == 8
+    lo, hi = top.interval
+    assert 10 < top.expected_speedup and lo <= 32.98 <= hi
+
+
+def test_a_ddp_rank_started_by_mp_spawn_is_a_rank_that_steps_in_lockstep():
+    """pytorch/examples' ImageNet script with --multiprocessing-distributed on an H100 (torch 2.11): its
+    DDP rank is a spawned child of the script, its two DataLoader workers spawned children of the rank
+    that name themselves pt_data_worker; the rank runs DistributedDataParallel, so it steps with the
+    others (none here). Its loader fix printed 5.83x and measured 5.64x."""
+    ev = _ev(DATA / "ledger" / "public" / "bundles" / "imagenet-mpd-j2.tar.gz")
+    roles = sorted(p["role"] for p in ev.get("process")["processes"])
+    assert roles == ["child", "dataloader_worker", "dataloader_worker", "main", "rank"], roles
+    assert ev.get("pyspy")["launcher"] is True
+    from trainprobe.agent.combiners.training_ranks import lockstep
+    assert lockstep(ev)
+    findings, _ = diagnose(ev)
+    assert findings[0].id == "dataloader.starved" and findings[0].expected_speedup > 3
