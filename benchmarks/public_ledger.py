@@ -384,6 +384,12 @@ def cpu_jobs() -> list[PublicJob]:
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   longest=60.0),
         _pl_basics("lightning-backbone-cpu", "backbone_image_classifier.py", PL_BACKBONE, cpu=True),
+        PublicJob("lightning-backbone-cpu-ddp", "cpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
+                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu", "--trainer.devices=2",
+                   "--trainer.strategy=ddp_spawn"],
+                  PL_BACKBONE + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
+                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
+                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"}),
         # The same job with rich installed (`pip install --target .public/site-rich rich`): Lightning's
         # Trainer then draws a RichProgressBar, whose refresh thread redraws it under the GIL.
         replace(_pl_basics("lightning-backbone-cpu-rich", "backbone_image_classifier.py",

@@ -266,8 +266,13 @@ class ProcessProbe(Probe):
     def estimate_cost(self, spec: WatchSpec, job: JobShape) -> ProbeCost:
         base = super().estimate_cost(spec, job)
         threads = max(job.threads, 1)
-        return ProbeCost(base.cpu_s + self.cost_cpu_s_per_target_thread * threads, base.rss_mb,
-                         base.basis + f", a perf event on each of the target's {threads} threads")
+        # the ranks' threads get the CPU-clock sampler too (_start_rank_oncpu), up to its share of events
+        ranked = list(job.ranks[:MAX_RANKS_SAMPLED])
+        per = max(4, oncpu_mod.MAX_THREADS // max(len(ranked), 1))
+        rank_threads = sum(min(procfs.thread_count(spec.root, r) or 0, per) for r in ranked)
+        return ProbeCost(base.cpu_s + self.cost_cpu_s_per_target_thread * (threads + rank_threads), base.rss_mb,
+                         base.basis + f", a perf event on each of the target's {threads} threads"
+                         + (f" and {rank_threads} of its ranks'" if rank_threads else ""))
 
     def _tree(self, spec: WatchSpec) -> list[tuple[int, int]]:
         return [(spec.pid, 0)] + procfs.descendants_of(spec.pid, spec.root)

@@ -173,8 +173,8 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
     worker_gain = 1.0
     if worker_hit and f_data is not None:
         worker_gain = 1.0 / (1.0 - min(r_workers, f_data, 0.95))
-    spin = _rank_team_spin(ev, ld) if ld["ranks"] else None
-    if spin is not None:
+    spin = ld.get("spin")
+    if spin is not None and spin["team"] > nt["n_main"] and spin["runtime_share"] >= SPIN_SHARE:
         return _spin_gain(ld, nt, spin)
     m = step_model.process_model(ev)
     n_after = nt["n_main"] if len(ld["team"]) > nt["n_main"] else None
@@ -203,12 +203,16 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
 
 
 SPIN_MIN_SAMPLES = 50        # the ranks' busy threads' CPU-clock samples needed (0.5 s of their CPU)
+SPIN_SHARE = 0.05            # the ranks' teams spent at least this share of their CPU in the OpenMP runtime
 
 
 def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
-    """Per rank, from the process probe's CPU-clock samples of its busy threads: the cores its training
-    thread worked (outside the OpenMP runtime and the kernel), the cores its other team threads worked,
-    and the runtime's and the kernel's shares of all their CPU; None without enough samples."""
+    """Per rank, from the process probe's CPU-clock samples: its intra-op team (its training thread and
+    the busy threads that ran the OpenMP runtime; a communication thread such as gloo's is not one),
+    the cores its training thread and its other team threads worked (outside the runtime and the
+    kernel), their kernel time, and the training thread's share of the window off a CPU while not
+    waiting for one (collectives, I/O: what a cap does not shorten); with the runtime's and the
+    kernel's shares of the teams' CPU. None without enough samples."""
     proc = ev.get("process") or {}
     oc = proc.get("oncpu") or {}
     th = oc.get("threads") or {}
@@ -218,22 +222,25 @@ def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
         return None
     ranks, n_all, rt_all, k_all = [], 0, 0, 0
     for rp in ld["ranks"]:
-        team = [r for r in ld["team"] if r["pid"] == rp and str(r["tid"]) in th]
-        main = next((th[str(r["tid"])] for r in team if r["tid"] == rp), None)
-        if main is None:
+        busy = [r for r in ld["team"] if r["pid"] == rp and str(r["tid"]) in th]
+        main_row = next((r for r in busy if r["tid"] == rp), None)
+        if main_row is None:
             continue
-        others = [th[str(r["tid"])] for r in team if r["tid"] != rp]
+        main = th[str(rp)]
+        others = [th[str(r["tid"])] for r in busy if r["tid"] != rp and int(th[str(r["tid"])]["openmp"]) > 0]
         work = lambda v: int(v["samples"]) - int(v["openmp"]) - int(v["kernel"])   # noqa: E731
-        ranks.append({"pid": rp, "loop_work": work(main) * period / win,
+        ranks.append({"pid": rp, "team": 1 + len(others), "loop_work": work(main) * period / win,
                       "team_work": sum(work(v) for v in others) * period / win,
-                      "kernel": sum(int(v["kernel"]) for v in [main, *others]) * period / win})
+                      "kernel": sum(int(v["kernel"]) for v in [main, *others]) * period / win,
+                      "off_cpu": max(0.0, 1.0 - main_row["cpu"] - main_row["r"])})
         for v in [main, *others]:
             n_all += int(v["samples"])
             rt_all += int(v["openmp"])
             k_all += int(v["kernel"])
     if n_all < SPIN_MIN_SAMPLES or not ranks:
         return None
-    return {"ranks": ranks, "samples": n_all, "runtime_share": rt_all / n_all, "kernel_share": k_all / n_all}
+    return {"ranks": ranks, "samples": n_all, "runtime_share": rt_all / n_all, "kernel_share": k_all / n_all,
+            "team": max(r["team"] for r in ranks)}
 
 
 def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
@@ -244,12 +251,13 @@ def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
     work on its training thread and w_t on its other team threads (their CPU-clock samples outside
     the OpenMP runtime and the kernel), worth w_l + e w_t of one thread's work, e the team's parallel
     efficiency (par_eff: how much of the others' work bought speed); after the cap its team does
-    1 + e (min(n', c) - 1) of one thread's work a second (c where c < 1). The rank steps that much
-    faster; the job's gain is the ranks' mean. The interval's bottom takes e = 1 with the kernel's
+    1 + e (min(n', c) - 1) of one thread's work a second (c where c < 1), and the training thread's
+    time off a CPU that was not a wait for one (o: collectives, I/O) stays: the step after the cap is
+    o + (w_l + e w_t) / (1 + e (min(n', c) - 1)) of today's; the job's gain is the ranks' mean. The interval's bottom takes e = 1 with the kernel's
     time kept (switching that may stay), its top the capped team at full parallel speed against
     today's work at the middle e, or e = 0, whichever is higher: under thrash the team's work outside
     the runtime is not all useful (cache refills, the barrier code outside libgomp), and a team that
-    thrashes no more does more of its work in parallel."""
+    thrashes no more does more of its work in parallel; the top also leaves out o."""
     # par_eff as it ships (fitted on single-process 2-CPU jobs whose teams did not thrash), not the
     # calibration a held-out fold sets: these rows are not fitted to, nor fit it (docs/models.md)
     cal = step_model.Calibration()
@@ -260,14 +268,19 @@ def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
     def rate(e: float) -> float:
         return cores if cores < 1.0 else 1.0 + e * (min(n_after, cores) - 1.0)
 
-    def gain(e_after: float, e_today: float, kernel: bool) -> float:
-        gs = [rate(e_after) / max(r["loop_work"] + e_today * r["team_work"] + (r["kernel"] if kernel else 0.0), 0.02)
-              for r in spin["ranks"]]
+    def gain(e_after: float, e_today: float, kernel: bool, waits: bool = True) -> float:
+        # the step after the cap, in today's: the off-CPU waits that stay, and today's work at the
+        # capped team's pace
+        gs = [1.0 / max((r["off_cpu"] if waits else 0.0)
+                        + (r["loop_work"] + e_today * r["team_work"] + (r["kernel"] if kernel else 0.0))
+                        / rate(e_after), 0.02) for r in spin["ranks"]]
         return max(1.0, sum(gs) / len(gs))
     e_hi, e_mid, e_lo = cal.par_eff[0], cal.par_eff[1], cal.par_eff[2]     # e = 0, 0.5, 1
     mid = gain(e_mid, e_mid, False)
     lo = min(gain(e_lo, e_lo, True), mid)
-    hi = max(gain(e_hi, e_hi, False), gain(e_lo, e_mid, False), mid)
+    # the top also drops the training thread's off-CPU share: /proc's CPU and run-queue ticks of a
+    # thread that spins and waits in turn leave a slop of a few percent, which sets the step at 20x
+    hi = max(gain(e_hi, e_hi, False, False), gain(e_lo, e_mid, False, False), mid)
     r0 = spin["ranks"][0]
     w, k, n = spin["runtime_share"], spin["kernel_share"], spin["samples"]
     bound = (f"{len(ld['ranks'])} training processes, {len(ld['team'])} busy threads on {nt['p_free']} free CPUs: "
@@ -293,7 +306,9 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
     cmd = shlex.join(main_proc.get("argv") or _cmdline_prefix(main_proc.get("cmdline")).split())
     n_main, w_busy, team_now = nt["n_main"], nt["w_busy"], len(ld["team"])
     n_ranks = len(ld["ranks"])
-    per_rank = -(-team_now // n_ranks) if n_ranks else team_now      # busy threads of a rank (the most)
+    # a rank's intra-op team (the CPU-clock samples: threads in the OpenMP runtime), else its busy threads
+    spin = ld.get("spin")
+    per_rank = spin["team"] if spin is not None else (-(-team_now // n_ranks) if n_ranks else team_now)
     other_note = f", {nt['others_whole']} taken by other processes" if nt["others_whole"] else ""
     fixes = []
     # A team of no more threads than CPUs makes OpenMP spin at its barriers (libgomp: 300,000 spins,
@@ -352,6 +367,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     ld = _loads(rows, int(proc["pid"]), _launcher_ranks(proc, rows)) if rows else None
     if ld is None:
         return None
+    ld["spin"] = _rank_team_spin(ev, ld) if ld["ranks"] else None
     p_cpus = float(proc.get("cpus_available") or 1.0)
     f_data = _data_share(ev)
     sched = ev.get("sched") or {}
@@ -371,6 +387,17 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     if not ld["demand"] > p_cpus * 1.05 or not (loop_hit or worker_hit):
         return None
     nt = _thread_numbers(proc, rows, ld, p_cpus, others)
+    spin = ld.get("spin")
+    fewer_workers = bool(ld["worker_pids"]) and len(ld["worker_pids"]) > nt["n_workers_cap"]
+    if (spin is not None and spin["team"] <= nt["n_main"] and not worker_hit and nt["worker_threads"] <= 1
+            and not fewer_workers):
+        # The ranks' busy threads beyond the cap are not intra-op threads (none ran the OpenMP runtime:
+        # a DDP rank's gloo threads, Lightning's ranks already at one thread each): no thread setting of
+        # the job removes them.
+        ev.note(f"{len(ld['busy'])} busy threads on {p_cpus:.3g} CPUs, but each training process already runs "
+                f"at most {spin['team']} intra-op thread{'s' if spin['team'] != 1 else ''} (CPU-clock samples): "
+                "the others are not the job's thread settings' to remove")
+        return None
     facts = _facts(ld, source, p_cpus, others, f_data)
     q = min(1.0, job_cores / p_cpus) if p_cpus else 1.0
     speedup, interval, bound, model = _gain(ev, ld, nt, source, worker_hit, f_data)
