@@ -429,7 +429,7 @@ def gpu_jobs() -> list[PublicJob]:
                   ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50"],
                   "pytorch/examples imagenet/main.py --dummy (FakeData, PIL -> ToTensor), resnet18, -j 2",
                   cwd="imagenet", flags={"item_every": _set("--print-freq")}, warmup=8.0),
-        PublicJob("imagenet-mpd-j2", "gpu", EX, "imagenet/main.py",
+        PublicJob("imagenet-dummy-j2-mpd", "gpu", EX, "imagenet/main.py",
                   ["--dummy", "-a", "resnet18", "-j", "2", "-b", "128", "--epochs", "1000", "-p", "50",
                    "--multiprocessing-distributed", "--world-size", "1", "--rank", "0",
                    "--dist-url", "env://", "--dist-backend", "nccl"],

@@ -257,6 +257,12 @@ class Job:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
+        # what the leader left in its group (a spawned rank whose parent exited, a stopped worker)
+        try:
+            os.killpg(self.proc.pid, 18)
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def argv_of(case: Case, knobs: dict[str, Any]) -> list[str]:
@@ -808,8 +814,9 @@ def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float],
 
 
 # A job run with extra packages installed (`lightning-backbone-cpu-rich`: rich, so Lightning draws a
-# RichProgressBar) is the same script on the same data: the same job, left out with it.
-VARIANT_SUFFIXES = ("-rich",)
+# RichProgressBar), or launched as DDP ranks (`-ddp`: Lightning's ddp_spawn; `-mpd`: ImageNet's
+# --multiprocessing-distributed), is the same script on the same data: the same job, left out with it.
+VARIANT_SUFFIXES = ("-rich", "-ddp", "-mpd")
 
 
 def job_of(case: str) -> str:

@@ -34,6 +34,7 @@ Nothing is imported before the script imports torch itself: the patches are appl
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import json
@@ -93,6 +94,7 @@ def _patch_dataloader(torch) -> None:
     worker_threads = _KNOBS.get("worker_threads")
     count = [0]
 
+    @functools.wraps(orig)     # its signature stays DataLoader's: Lightning maps its arguments by it
     def __init__(self, *args, **kwargs):
         count[0] += 1
         object.__setattr__(self, "_tp_ledger_n", count[0])
@@ -111,6 +113,7 @@ def _patch_dataloader(torch) -> None:
             return orig(self, **kw, **extra)
         return orig(self, *args, **kwargs)
 
+    @functools.wraps(orig_iter)
     def __iter__(self):
         # "train": the knobs go to a loader the first time it is iterated with autograd on, set on the
         # built loader as its constructor would have set them (persistent_workers through

@@ -64,7 +64,7 @@ def test_a_ddp_rank_started_by_mp_spawn_is_a_rank_that_steps_in_lockstep():
     DDP rank is a spawned child of the script, its two DataLoader workers spawned children of the rank
     that name themselves pt_data_worker; the rank runs DistributedDataParallel, so it steps with the
     others (none here). Its loader fix printed 5.83x and measured 5.64x."""
-    ev = _ev(DATA / "ledger" / "public" / "bundles" / "imagenet-mpd-j2.tar.gz")
+    ev = _ev(DATA / "ledger" / "public" / "bundles" / "imagenet-dummy-j2-mpd.tar.gz")
     roles = sorted(p["role"] for p in ev.get("process")["processes"])
     assert roles == ["child", "dataloader_worker", "dataloader_worker", "main", "rank"], roles
     assert ev.get("pyspy")["launcher"] is True
