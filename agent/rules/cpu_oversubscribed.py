@@ -206,6 +206,11 @@ SPIN_MIN_SAMPLES = 50        # the ranks' busy threads' CPU-clock samples needed
 SPIN_SHARE = 0.05            # the ranks' teams spent at least this share of their CPU in the OpenMP runtime
 
 
+def _work(v: dict[str, Any]) -> int:
+    """A thread's CPU-clock samples outside the OpenMP runtime and the kernel."""
+    return int(v["samples"]) - int(v["openmp"]) - int(v["kernel"])
+
+
 def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
     """Per rank, from the process probe's CPU-clock samples: its intra-op team (its training thread and
     the busy threads that ran the OpenMP runtime; a communication thread such as gloo's is not one),
@@ -228,9 +233,8 @@ def _rank_team_spin(ev: Evidence, ld: dict[str, Any]) -> dict[str, Any] | None:
             continue
         main = th[str(rp)]
         others = [th[str(r["tid"])] for r in busy if r["tid"] != rp and int(th[str(r["tid"])]["openmp"]) > 0]
-        work = lambda v: int(v["samples"]) - int(v["openmp"]) - int(v["kernel"])   # noqa: E731
-        ranks.append({"pid": rp, "team": 1 + len(others), "loop_work": work(main) * period / win,
-                      "team_work": sum(work(v) for v in others) * period / win,
+        ranks.append({"pid": rp, "team": 1 + len(others), "loop_work": _work(main) * period / win,
+                      "team_work": sum(_work(v) for v in others) * period / win,
                       "kernel": sum(int(v["kernel"]) for v in [main, *others]) * period / win,
                       "off_cpu": max(0.0, 1.0 - main_row["cpu"] - main_row["r"])})
         for v in [main, *others]:
@@ -253,11 +257,12 @@ def _spin_gain(ld: dict[str, Any], nt: dict[str, int],
     efficiency (par_eff: how much of the others' work bought speed); after the cap its team does
     1 + e (min(n', c) - 1) of one thread's work a second (c where c < 1), and the training thread's
     time off a CPU that was not a wait for one (o: collectives, I/O) stays: the step after the cap is
-    o + (w_l + e w_t) / (1 + e (min(n', c) - 1)) of today's; the job's gain is the ranks' mean. The interval's bottom takes e = 1 with the kernel's
-    time kept (switching that may stay), its top the capped team at full parallel speed against
-    today's work at the middle e, or e = 0, whichever is higher: under thrash the team's work outside
-    the runtime is not all useful (cache refills, the barrier code outside libgomp), and a team that
-    thrashes no more does more of its work in parallel; the top also leaves out o."""
+    o + (w_l + e w_t) / (1 + e (min(n', c) - 1)) of today's; the job's gain is the ranks' mean. The
+    interval's bottom takes e = 1 with the kernel's time kept (switching that may stay), its top the
+    capped team at full parallel speed against today's work at the middle e, or e = 0, whichever is
+    higher: under thrash the team's work outside the runtime is not all useful (cache refills, the
+    barrier code outside libgomp), and a team that thrashes no more does more of its work in
+    parallel; the top also leaves out o."""
     # par_eff as it ships (fitted on single-process 2-CPU jobs whose teams did not thrash), not the
     # calibration a held-out fold sets: these rows are not fitted to, nor fit it (docs/models.md)
     cal = step_model.Calibration()
