@@ -29,7 +29,6 @@ from trainprobe.probes.support import ranks
 from trainprobe.probes.errors import ProbeError, TargetGone
 
 # Shared objects whose presence says what the process is.
-WORKER_COMM = "pt_data_worker"   # the name recent torch gives its DataLoader worker processes
 LIB_MARKERS = ("libtorch", "libcuda.so", "libcudart", "libnccl", "libpython", "libgomp", "libiomp")
 
 
@@ -464,7 +463,7 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
         env = environ.get(str(p), {})
         if ref is None:
             comm = comms.get(str(p), "")
-            role = ("dataloader_worker" if comm.startswith(WORKER_COMM)
+            role = ("dataloader_worker" if ranks.is_worker_comm(comm)
                     else _role(p, int(pid), parents, env, "", environ=environ, comm=comm, torch=torch_v))
             row = {"pid": p, "ppid": parents.get(p), "role": role, "cmdline": "", "cpu_seconds": None,
                    "threads": [], "alive_at_end": False, "seen": "listing", "env": env}
