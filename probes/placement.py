@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from trainprobe.probes.parsers import envvars, procfs
+from trainprobe.probes.support import ranks
 from trainprobe.probes.base import Availability, Capture, Probe, Recorder, WatchSpec, target_exists
 from trainprobe.probes.schema import PlacementEvidence
 from trainprobe.probes.errors import TargetGone, parser
@@ -254,6 +255,10 @@ def _cpus(text: str | None) -> list[int]:
 def _role(pid: str, d: dict[str, Any], parents: dict[str, str | None]) -> str:
     if int(pid) == d["pid"]:
         return "main"
+    st = stat_fields(d["procs"][pid].get("stat") or "")
+    if st and ranks.is_worker_comm(st[5]):
+        # a named DataLoader worker, whatever LOCAL_RANK its rank set in os.environ before forking it
+        return "dataloader_worker"
     env = d["procs"][pid]["env"]
     parent = parents.get(pid)
     parent_env = d["procs"].get(parent or "", {}).get("env", {})

@@ -222,6 +222,28 @@ def _merge_rank_oncpu(oncpu: dict[str, Any] | None, samplers: list["oncpu_mod.Sa
     return oncpu
 
 
+def _start_rank_stepcount(spec: WatchSpec, rank_pids: list[int]) -> dict[int, "stepcount.Counter"]:
+    """Count each rank's backward passes on its main thread, where DDP's ranks (torchrun's, mp.spawn's,
+    Lightning's) call backward: one event a rank, so a launcher's step length costs what the target's
+    own count does, not an event per thread of every rank."""
+    if spec.root not in ("", "/") or not rank_pids:
+        return {}
+    out: dict[int, stepcount.Counter] = {}
+    for p in rank_pids[:MAX_RANKS_SAMPLED]:
+        maps = procfs.try_read_text(spec.root, f"proc/{p}/maps") or ""
+        if stepcount.library_path(maps) is None:
+            continue
+        try:
+            c = stepcount.start([p], maps, p)
+        except OSError:
+            continue
+        if c.reason:
+            c.close()
+            continue
+        out[p] = c
+    return out
+
+
 def _start_stepcount(spec: WatchSpec, snap0: dict[str, Any], maps: str) -> "stepcount.Counter | None":
     """Count the training process's backward passes where it maps torch (the step's length); None
     where it maps no torch."""
@@ -269,9 +291,12 @@ class ProcessProbe(Probe):
         ranked = list(job.ranks[:MAX_RANKS_SAMPLED])
         per = max(4, oncpu_mod.MAX_THREADS // max(len(ranked), 1))
         rank_threads = sum(min(procfs.thread_count(spec.root, r) or 0, per) for r in ranked)
-        return ProbeCost(base.cpu_s + self.cost_cpu_s_per_target_thread * (threads + rank_threads), base.rss_mb,
+        # and a backward-pass counter on each rank's main thread
+        events = threads + rank_threads + len(ranked)
+        return ProbeCost(base.cpu_s + self.cost_cpu_s_per_target_thread * events, base.rss_mb,
                          base.basis + f", a perf event on each of the target's {threads} threads"
-                         + (f" and {rank_threads} of its ranks'" if rank_threads else ""))
+                         + (f" and {rank_threads} of its ranks' (and a counter on each rank's main thread)"
+                            if ranked else ""))
 
     def _tree(self, spec: WatchSpec) -> list[tuple[int, int]]:
         return [(spec.pid, 0)] + procfs.descendants_of(spec.pid, spec.root)
@@ -309,8 +334,10 @@ class ProcessProbe(Probe):
         # rank's team spins at OpenMP barriers on CPUs its siblings share (cpu.oversubscribed)
         rank_samplers = _start_rank_oncpu(spec, snap0, rank_pids)
         counter = None
+        rank_counters: dict[int, stepcount.Counter] = {}
         try:
             counter = _start_stepcount(spec, snap0, maps)
+            rank_counters = _start_rank_stepcount(spec, rank_pids)
             snap1, timeline, target_exited_unix = self._watch(spec, rec, deadline_monotonic, follow, tree0, t0,
                                                               env, parents)
         finally:
@@ -321,6 +348,7 @@ class ProcessProbe(Probe):
                 for rs in rank_samplers:        # closed whatever happened (read closes them too)
                     rs.close()
                 backward = stepcount.read(counter) if counter is not None and not counter.reason else None
+                rank_backward = {str(p): stepcount.read(c) for p, c in rank_counters.items()}
         n_threads = sum(s["ps"]["num_threads"] for s in snap0["procs"].values())
         rec.note("file", f"{root.rstrip('/')}/proc/{{{','.join(sorted(snap0['procs']))}}}/"
                  "{stat,status,cmdline,environ*,task/*/{stat,status,schedstat}}", 0, t0, time.time() - t0)
@@ -336,6 +364,7 @@ class ProcessProbe(Probe):
             **({"oncpu_unavailable": sampler.reason} if sampler is not None and sampler.reason else {}),
             **({"backward": backward} if backward is not None else {}),
             **({"backward_unavailable": counter.reason} if counter is not None and counter.reason else {}),
+            **({"rank_backward": rank_backward} if rank_backward else {}),
         }))
         if follow.not_followed:
             rec.capture.meta["processes_not_followed"] = follow.not_followed
@@ -499,6 +528,11 @@ def parse_snapshots(d: dict[str, Any]) -> dict[str, Any]:
             "env": env,
         })
 
+    # Each rank's backward passes (its main thread's), where they were counted
+    for p_, raw in (d.get("rank_backward") or {}).items():
+        row_ = next((pr for pr in processes if str(pr["pid"]) == p_ and pr["role"] == "rank"), None)
+        if row_ is not None:
+            row_["backward"] = _backward_calls(raw)
     main = next(pr for pr in processes if pr["pid"] == int(pid))
     # The target's children reaped in the window: what the readings of short-lived workers miss. The
     # kernel's cutime + cstime holds a reaped child's whole life, so the CPU that the children seen
@@ -568,12 +602,15 @@ def _backward_evidence(d: dict[str, Any]) -> dict[str, Any]:
     raw = d.get("backward")
     if raw is None:
         return {"backward_unavailable": d["backward_unavailable"]} if d.get("backward_unavailable") else {}
+    return {"backward": _backward_calls(raw)}
+
+
+def _backward_calls(raw: dict[str, Any]) -> dict[str, Any]:
     calls = {tid: int(n) for tid, n in (raw.get("calls") or {}).items()}
     seconds = float(raw.get("seconds") or 0.0)
     total = sum(calls.values())
-    return {"backward": {"calls": total, "seconds": seconds,
-                         "per_s": round(total / seconds, 2) if seconds > 0 else 0.0,
-                         "threads": {tid: n for tid, n in calls.items() if n}}}
+    return {"calls": total, "seconds": seconds, "per_s": round(total / seconds, 2) if seconds > 0 else 0.0,
+            "threads": {tid: n for tid, n in calls.items() if n}}
 
 
 def _oncpu_evidence(d: dict[str, Any]) -> dict[str, Any]:
@@ -612,12 +649,15 @@ def _role(pid: int, main_pid: int, parents: dict[int, int], env: dict[str, str],
           comm: str | None = None, torch: str | None = None) -> str:
     if pid == main_pid:
         return "main"
+    # A worker that names itself is one before anything its environment says: a rank started by
+    # multiprocessing's spawn may set LOCAL_RANK in os.environ after it started (Lightning's
+    # ddp_spawn), which /proc shows in the workers it forks but not in its own start-up environment.
+    if ranks.is_worker_comm(comm):
+        return "dataloader_worker"
     parent_env = (environ or {}).get(str(parents.get(pid)), {})
     # DataLoader workers inherit their rank's LOCAL_RANK: a rank is the first process that has it.
     if "LOCAL_RANK" in env and parent_env.get("LOCAL_RANK") != env["LOCAL_RANK"]:
         return "rank"
-    if ranks.is_worker_comm(comm):
-        return "dataloader_worker"
     if ranks.is_helper(cmdline):
         return "child"
     # A child the job started through multiprocessing's spawn that does not name itself a DataLoader

@@ -60,6 +60,8 @@ class ProcessRow(_ProcessRowSeen, total=False):
     cpus_allowed: Optional[str]
     mems_allowed: Optional[str]
     rss_mb: Optional[float]
+    # A rank's backward passes (its main thread's; captures from 2026-12-07 on, where torch is mapped)
+    backward: "BackwardCalls"
 
 
 class MainProcess(TypedDict):

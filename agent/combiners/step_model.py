@@ -43,7 +43,11 @@ The step after a fix is the largest of what stays in place:
 A loop that loads its own batches and is given workers trades loading for a per-batch hand-off
 where the step's length is measured (step_s, the window's backward passes): the loop's receive
 h_l / step_s joins its term, the worker's sending h_w / step_s and half the receive the data term
-(batch_handoff, docs/models.md).
+(batch_handoff, docs/models.md). Where no whole CPU is left beside the loop's compute (P_allowed less
+the loop's cores at n' threads under one: a CPU-only rank on its share of the node, a job held to one
+CPU), the workers run on the loop's CPU, waking to refill their queues as the loop takes a batch,
+that is as it starts computing (in lockstep, as every rank does): their CPU per step, k D + h_w /
+step_s, joins the loop's term instead of filling its waits (no_cpu_for_workers).
 torch.compile of an eager model also fuses its kernels, which shortens the GPU's own time and the
 loop's by an amount no host evidence predicts: both fall to compile_fusion of what launch capture
 alone leaves (0.8, fitted on the ledgers' compiled eager models together with compile_e; the
@@ -255,6 +259,7 @@ class Step:
     terms: dict[str, float] = field(default_factory=dict)   # every term at the middle estimate
     oversubscribed: bool = False           # the fix puts more busy threads than CPUs
     capped: bool = False                   # the fix caps the loop's intra-op threads below its cores
+    on_loop_cpu: bool = False              # the new workers have no CPU but the loop's (no_cpu_for_workers)
 
     @property
     def speedup(self) -> float:
@@ -465,6 +470,14 @@ class StepModel:
         excess = max(self.team_cpu - (self.loop_cores - 1.0) * c, 0.0)
         return excess * (self.loop_cores - n) / (self.loop_cores - 1.0)
 
+    def no_cpu_for_workers(self, n: int) -> bool:
+        """No whole CPU is left for a worker while the loop computes: the CPUs the job may use (its
+        share of the node's, by affinity and quota; others' crowding is the cpu term's) less the cores
+        of the loop's compute at n threads is under one, on a job without a GPU (whose loop has no
+        waits on the device for a worker to fill)."""
+        return bool(self.p_allowed) and self.gpu_busy is None and not self.uses_cuda \
+            and self.p_allowed - min(self.loop_cores, float(max(n, 1))) < 1.0 - 1e-6
+
     def efficiency(self, w: int, sc: str, cal: Calibration) -> float:
         """e(W): each worker's rate at W workers over today's, 1 / (1 + a max(0, W - max(W_now, 1)) / P)."""
         a = cal.scale_a[SCENARIOS.index(sc)]
@@ -594,6 +607,15 @@ class StepModel:
             if self.pin_cores > 0 and not self.d_inloop:
                 # One pin-memory thread handles every batch: its CPU per step does not shrink with W.
                 terms["pin"] = self.pin_cores
+            if self.d_inloop and self.no_cpu_for_workers(n) and d > 0:
+                # No CPU is left beside the loop's compute (a CPU-only rank on its share of the node, a
+                # job held to one CPU): the workers run on the loop's CPUs. A worker wakes to refill its
+                # queue as the loop takes a batch, which is when the loop starts computing (and, in
+                # lockstep, when every rank does), so its CPU is taken from the loop's, not from the
+                # loop's waits: the loading moves out of the loop and comes back as the workers' CPU
+                # (Lightning's ddp_spawn on 2 CPUs, a worker a rank: 0.80x and 0.87x measured where
+                # packing the workers into the ranks' collective waits printed 1.24x and 1.16x).
+                terms["loop"] += k * d + hand_w
         if self.p > 0 and not ch.runq_removed:
             # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
             if self.d_inloop and w > 0:
@@ -667,7 +689,9 @@ class StepModel:
             hi = max(hi, none._at(ch, "hi", cal)[0])
         lo, hi = min(lo, mid), max(hi, mid)
         capped = ch.intra_threads is not None and ch.intra_threads < self.loop_cores
-        return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over, capped)
+        w = self.w_now if ch.workers is None else ch.workers
+        on_loop = self.d_inloop and w > 0 and self.no_cpu_for_workers(ch.intra_threads or max(self.threads_busy, 1))
+        return Step(mid, lo, hi, binding, {k: round(v, 4) for k, v in terms.items()}, over, capped, on_loop)
 
     def epoch_known(self) -> bool:
         """The workers the window saw go had lived longer than the window: their life is the epoch's."""
@@ -725,6 +749,11 @@ class StepModel:
                        f"batch from a worker{' by shared-memory file name' if fs else ''} costs the loop about "
                        f"{loop_ms[1]:g} ms and the worker {worker_ms[1]:g} ms beyond the loading "
                        f"({100 * hand_l:.0f}% and {100 * hand_w:.0f}% of today's step), one after the other")
+        if step.on_loop_cpu and step.binding in ("loop", "cpu"):
+            inside += (f"; no whole CPU is left beside the loop's compute ({self.p_allowed:.3g} CPU(s) for it, "
+                       f"{min(self.loop_cores, 1.0 * (self.threads_busy or 1)):.3g} busy while it computes), so the "
+                       "worker runs on the loop's CPU as the loop starts each step: the loading comes back as the "
+                       "worker's CPU")
         if step.capped:
             inside += (f"; with fewer intra-op threads the loop's compute takes longer (parallel efficiency "
                        f"e = {CAL.par_eff[1]:g}, fitted on the ledgers"
@@ -1038,11 +1067,11 @@ def _step_length(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: fl
     share, which runs no backward) over its backward passes (the process probe's count at torch's
     autograd engine). A loop that calls backward several times a batch (a GAN's discriminator and
     generator) counts each: its step reads shorter than it is. None without the count, or with fewer
-    than STEP_MIN_CALLS."""
-    bw = proc.get("backward") or {}
+    than STEP_MIN_CALLS. A rank's own count where the target is its launcher (the rank's main thread's)."""
+    bw = (proc.get("backward") if me.get("pid") == proc.get("pid") else me.get("backward")) or {}
     calls = int(bw.get("calls") or 0)
     seconds = float(bw.get("seconds") or win or 0.0)
-    if calls < STEP_MIN_CALLS or seconds <= 0 or me.get("pid") != proc.get("pid"):
+    if calls < STEP_MIN_CALLS or seconds <= 0:
         return None
     return seconds * max(1.0 - m.f_eval, 0.05) / calls
 

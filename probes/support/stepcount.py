@@ -103,6 +103,19 @@ def symbol_offset(path: str, prefix: bytes = ENGINE_EXECUTE) -> int | None:
         mm.close()
 
 
+_OFFSETS: dict[tuple[int, int, int], int | None] = {}
+
+
+def _offset_of(path: str) -> int | None:
+    """symbol_offset, read once per library file (a launcher's ranks map the same one: its symbol
+    table is searched once, not once a rank)."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    if key not in _OFFSETS:
+        _OFFSETS[key] = symbol_offset(path)
+    return _OFFSETS[key]
+
+
 def _attr(uprobe_type: int, path_buf: Any, offset: int) -> Any:
     import ctypes   # noqa: PLC0415 - only where events are opened
     buf = ctypes.create_string_buffer(ATTR_SIZE)
@@ -132,7 +145,7 @@ def start(tids: list[int], maps_text: str, pid: int | None = None) -> Counter:
     except (OSError, ValueError):
         return Counter("the kernel has no uprobe PMU (" + UPROBE_TYPE + ")")
     try:
-        offset = symbol_offset(path)
+        offset = _offset_of(path)
     except (OSError, ValueError, struct.error) as e:
         return Counter(f"torch's CPU library could not be read ({e.__class__.__name__}: {e})")
     if offset is None:

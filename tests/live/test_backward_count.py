@@ -105,3 +105,53 @@ def test_a_job_in_its_own_mount_namespace_is_counted(tmp_path):
         p.kill()
         p.wait()
     assert 85.0 <= ev["backward"]["per_s"] <= 105.0, ev.get("backward") or ev.get("backward_unavailable")
+
+
+# A launcher that starts two training processes through multiprocessing's spawn (as
+# torch.multiprocessing.spawn and Lightning's ddp_spawn do), each making its own rate of backward
+# passes on its main thread; the launcher makes none.
+SPAWNING = r"""
+import multiprocessing as mp, sys, time
+def rank(rate):
+    import torch
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64)
+    t0, n = time.time(), 0
+    while time.time() - t0 < 60:
+        m(x).sum().backward()
+        n += 1
+        time.sleep(max(0.0, t0 + n / rate - time.time()))
+if __name__ == "__main__":
+    import torch   # the launcher maps torch too (the rank detection reads its version)
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=rank, args=(r,)) for r in (50.0, 100.0)]
+    for p in ps:
+        p.start()
+    print("ready", " ".join(str(p.pid) for p in ps), flush=True)
+    for p in ps:
+        p.join()
+"""
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uprobe PMU needs root or CAP_PERFMON")
+def test_each_spawned_ranks_backward_passes_are_counted_through_its_launcher(tmp_path):
+    script = tmp_path / "spawning.py"
+    script.write_text(SPAWNING)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        words = p.stdout.readline().split()
+        assert words[0] == "ready"
+        pids = [int(x) for x in words[1:]]
+        time.sleep(4.0)          # each rank imports torch before its first step
+        _, ev = run_probe(ProcessProbe(), p.pid, 3.0)
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
+    rows = {r["pid"]: r for r in ev["processes"]}
+    assert [rows[x]["role"] for x in pids] == ["rank", "rank"]
+    rates = [rows[x].get("backward", {}).get("per_s") for x in pids]
+    assert rates[0] is not None and 42.0 <= rates[0] <= 55.0, rows[pids[0]].get("backward")
+    assert rates[1] is not None and 85.0 <= rates[1] <= 105.0, rows[pids[1]].get("backward")
+    assert (ev.get("backward") or {}).get("calls", 0) == 0       # the launcher itself makes none

@@ -66,3 +66,12 @@ def test_ranks_step_together_when_a_launcher_started_them_or_they_run_distribute
     assert lockstep(_ev([{}, {}], [0.0, 0.41]))                                      # mp.spawn + DDP
     assert not lockstep(_ev([{}, {}], [0.0, 0.0]))                                   # hogwild
     assert lockstep(Evidence())                                                      # no process evidence
+
+
+def test_a_named_worker_is_a_worker_whatever_local_rank_its_rank_set_before_forking_it():
+    parents = {5: 1, 8: 5}
+    environ = {"5": {}, "8": {"LOCAL_RANK": "0"}}
+    role = lambda comm: process._role(8, 1, parents, {"LOCAL_RANK": "0"}, SPAWNED, "/usr/bin/python3 main.py",  # noqa: E731
+                                      environ, comm=comm, torch="2.13.0+cpu")
+    assert role("pt_data_worker") == "dataloader_worker"
+    assert role("python3") == "rank"          # unnamed, the first process with LOCAL_RANK: a rank, as before

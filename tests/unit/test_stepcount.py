@@ -110,3 +110,31 @@ def test_a_bundle_with_the_count_reports_the_step_rate():
     plan = rep["plan"]
     assert plan["details"]["step_s"] == pytest.approx(1.0 / rep["target"]["backward_per_s"] * 0.78, rel=0.1)
     assert "handing each batch from a worker" in plan["derivation"] and "costs the loop about" in plan["derivation"]
+
+
+def test_a_ranks_step_length_comes_from_its_own_backward_count():
+    """A launcher's rank: its own main thread's count, not the launcher's (which makes none)."""
+    m = StepModel(f_wait=0.0, f_load=0.2, pid=12, n_samples=100.0)
+    proc = {"pid": 7, "backward": {"calls": 0, "seconds": 5.0}}
+    rank = {"pid": 12, "backward": {"calls": 600, "seconds": 5.0}}
+    assert step_model._step_length(proc, rank, m, 5.0) == pytest.approx(5.0 / 600)
+    assert step_model._step_length(proc, {"pid": 12}, m, 5.0) is None
+
+
+def test_workers_with_no_cpu_beside_the_loops_compute_take_their_cpu_from_the_loop():
+    """A CPU-only loop that loads its batches 18% of an 8 ms step on one CPU of its own (a rank's share
+    of 2 CPUs, or a job held to one): a worker runs on the loop's CPU, so the loading comes back as the
+    worker's CPU and its hand-off; with a second CPU, the same worker overlaps the loop."""
+    def loop(p):
+        m = StepModel(f_wait=0.0, f_load=0.18, pid=1, n_samples=500.0)
+        m.p = m.p_allowed = p
+        m.u, m.d, m.d_inloop, m.loop_cores, m.threads_busy = 0.75, 0.18 * step_model.CAL_MID_K, True, 1.0, 1
+        m.known_p, m.step_s = True, 0.008
+        return m
+    fix = Change(workers=1, persistent=True)
+    one, two = loop(1.0), loop(2.0)
+    assert one.no_cpu_for_workers(1) and not two.no_cpu_for_workers(1)
+    assert one.after(fix).speedup < 1.0 < two.after(fix).speedup
+    gpu = loop(1.0)
+    gpu.gpu_busy = 0.3               # a loop that waits on its GPU leaves the worker those waits
+    assert not gpu.no_cpu_for_workers(1)
