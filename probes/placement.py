@@ -136,6 +136,10 @@ class Sampler:
         self.launcher: dict[str, Any] | None = None
         self.reads = 0
         self.not_followed: set[int] = set()
+        # the torch the target maps (its package's version.py): from 2.4 on DataLoader workers name
+        # themselves, so a spawned child that does not is a training process (probes/support/ranks.py)
+        self.torch_version: str | None = None
+        self._torch_read = False
 
     def _tree(self, root: str) -> list[tuple[int, int]]:
         if not os.path.isdir(procfs.path(root, f"proc/{self.pid}")):
@@ -176,6 +180,11 @@ class Sampler:
                 if re.fullmatch(r"node\d+", name):
                     self.nodes[name[4:]] = procfs.try_read_text(root, f"{NODE_DIR}/{name}/cpulist")
         tree = self._tree(root)
+        if not self._torch_read and tree:
+            self._torch_read = True
+            maps = procfs.try_read_text(root, f"proc/{self.pid}/maps") or ""
+            self.reads += 1
+            self.torch_version = ranks.torch_version(procfs.parse_maps_libraries(maps), root)
         snap: dict[str, Any] = {"t_unix": time.time(), "uptime": _uptime(procfs.try_read_text(root, "proc/uptime")),
                                 "pids": {}}
         for pid, _ppid in tree:
@@ -231,6 +240,7 @@ class Sampler:
     def artifact(self) -> dict[str, Any]:
         return {"pid": self.pid, "procs": self.procs, "samples": self.samples, "nodes": self.nodes,
                 "launcher": self.launcher, "clk_tck": procfs.CLK_TCK, "reads": self.reads,
+                "torch_version": self.torch_version,
                 "processes_not_followed": len(self.not_followed)}
 
 
@@ -266,6 +276,13 @@ def _role(pid: str, d: dict[str, Any], parents: dict[str, str | None]) -> str:
     if "LOCAL_RANK" in env and parent_env.get("LOCAL_RANK") != env["LOCAL_RANK"]:
         return "rank"
     argv = d["procs"][pid]["argv"]
+    cmdline = " ".join(argv or [])
+    if ranks.is_helper(cmdline):
+        return "child"
+    # a training process the job spawned (torch.multiprocessing.spawn, mp.Process under spawn), where
+    # the torch it runs names its workers (captures from 2026-12-07 on record the version)
+    if st and ranks.spawned_trainer(cmdline, st[5], d.get("torch_version")):
+        return "rank"
     exe = (argv[0] if argv else "").rsplit("/", 1)[-1]
     parent_argv = d["procs"].get(parent or "", {}).get("argv")
     if exe.startswith("python") or (parent_argv and argv == parent_argv) or any("multiprocessing" in a for a in argv):

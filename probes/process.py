@@ -235,7 +235,7 @@ def _start_rank_stepcount(spec: WatchSpec, rank_pids: list[int]) -> dict[int, "s
             continue
         try:
             c = stepcount.start([p], maps, p)
-        except OSError:
+        except Exception:  # noqa: BLE001 - a rank gone or unreadable: its step stays untimed, the rest count
             continue
         if c.reason:
             c.close()

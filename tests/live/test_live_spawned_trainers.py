@@ -71,3 +71,22 @@ def test_a_spawned_training_process_widens_to_the_job_and_its_siblings_are_ranks
     knobs = [fx.get("knobs") or {} for fx in f["fixes"]]
     assert any(k.get("intra_op_threads") == max(1, (os.cpu_count() or 1) // 2) for k in knobs), knobs
     assert "each of the 2 training processes" in f["fixes"][0]["title"]
+
+
+def test_the_placement_probe_reads_the_spawned_processes_as_ranks(spawned_job):
+    """The placement probe labels the job's processes itself (its NUMA advice is per rank): the spawned
+    training processes are ranks, each rank's named worker a worker, multiprocessing's resource tracker
+    neither, and each worker belongs to its rank."""
+    from tests.helpers import run_probe
+    from trainprobe.probes.placement import PlacementProbe
+    parent, trainers = spawned_job
+    _, ev = run_probe(PlacementProbe(), parent, 2.0)
+    roles = {p["pid"]: p["role"] for p in ev["processes"]}
+    assert all(roles[t] == "rank" for t in trainers), roles
+    for p in ev["processes"]:
+        if p["pid"] in trainers or p["pid"] == parent:
+            continue
+        named = _comm(p["pid"]).startswith("pt_data_worker")
+        assert p["role"] == ("dataloader_worker" if named else "child"), (p["pid"], p["role"], p.get("argv"))
+        if named:
+            assert p["rank_pid"] in trainers
