@@ -396,6 +396,12 @@ def cpu_jobs() -> list[PublicJob]:
                            PL_BACKBONE + " (rich installed: the Trainer's RichProgressBar)", cpu=True),
                 sites=("site-rich",), background="Lightning's RichProgressBar refresh thread (rich)"),
         _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
+        PublicJob("lightning-autoencoder-cpu-ddp", "cpu", PL, f"{PL_BASICS}/autoencoder.py",
+                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu", "--trainer.devices=2",
+                   "--trainer.strategy=ddp_spawn"],
+                  PL_AUTOENCODER + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
+                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
+                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"}),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
@@ -631,6 +637,9 @@ class PublicProc(Job):
                                      text=True, env=env, start_new_session=True)
         self.busy = []
         self.points: list[tuple[float, int]] = []
+        # each progress file's own points (its process's clock at each write): a job of several
+        # training processes is timed file by file, its rate the sum of theirs
+        self.file_points: dict[str, list[tuple[float, int]]] = {}
         self.tail: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._poll, daemon=True).start()
@@ -648,7 +657,11 @@ class PublicProc(Job):
                 if t != last.get(f.name):
                     last[f.name] = t
                     self.counts[f.name] = int(n)
-                    self.points.append((float(t), sum(self.counts.values())))
+                    self.file_points.setdefault(f.name, []).append((float(t), int(n)))
+                    # the job's count as of the latest write of any file (a point's time never goes
+                    # back: each file's stamp is its own write's, and the files write in turn)
+                    t_job = max(float(t), self.points[-1][0] if self.points else 0.0)
+                    self.points.append((t_job, sum(self.counts.values())))
             time.sleep(0.1)
 
     def warm(self, seconds: float, timeout: float = 300) -> None:
@@ -666,10 +679,20 @@ class PublicProc(Job):
         t0 = time.time()
         time.sleep(seconds)
         while True:
-            pts = [p for p in self.points if p[0] >= t0]
-            if len(pts) >= 2 and pts[-1][1] - pts[0][1] >= 2:
-                (a, na), (b, nb) = pts[0], pts[-1]
-                return (nb - na) / (b - a)
+            if len(self.file_points) > 1:
+                # several training processes: each file's steps over its own first and last write in
+                # the window, summed (the job's points mix the files' clocks: a window's first point
+                # from one file and its last from another a moment apart once read 4,706 steps/s for a
+                # job of 250)
+                per = [[p for p in pts if p[0] >= t0] for pts in list(self.file_points.values())]
+                per = [p for p in per if len(p) >= 2 and p[-1][1] > p[0][1] and p[-1][0] > p[0][0]]
+                if per and sum(p[-1][1] - p[0][1] for p in per) >= 2:
+                    return sum((p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0]) for p in per)
+            else:
+                pts = [p for p in self.points if p[0] >= t0]
+                if len(pts) >= 2 and pts[-1][1] - pts[0][1] >= 2:
+                    (a, na), (b, nb) = pts[0], pts[-1]
+                    return (nb - na) / (b - a)
             if time.time() - t0 > longest or self.proc.poll() is not None:
                 raise RuntimeError("too few progress points in the window:\n" + "".join(self.tail))
             time.sleep(0.2)

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from scripts import ledger
 from tests.helpers import DATA, REPO
 
@@ -366,3 +368,27 @@ def test_a_later_run_joins_the_kept_ledger_as_a_rerun():
     assert led["rows"][3]["bundle"] is None and job_of("gan-r3") == "gan"
     assert [m["command"] for m in led["meta"]["runs"]] == ["first", "later"]
     assert led["meta"]["command"] == "first; later" and led["meta"]["wall_s"] == 15.0
+
+
+def test_a_job_of_several_training_processes_is_timed_file_by_file():
+    """Each training process writes its own progress file, stamped with its own writes' times: the
+    job's rate over a window is the sum of each file's rate over its own first and last write, not
+    the summed count between the window's first and last point, which may come from two files a
+    moment apart (a window of a 250 steps/s job once read 4,706)."""
+    import importlib.util
+    import time as time_mod
+    spec = importlib.util.spec_from_file_location("public_ledger", REPO / "benchmarks" / "public_ledger.py")
+    public_ledger = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("public_ledger", public_ledger)
+    spec.loader.exec_module(public_ledger)
+
+    class Running:
+        def poll(self):
+            return None
+    job = object.__new__(public_ledger.PublicProc)
+    now = time_mod.time()
+    # rank a: 100 steps/s from now + 0.1 s; rank b: 100 steps/s, its writes 0.05 s later
+    job.file_points = {".progress.1": [(now + 0.1 + 0.2 * i, 1000 + 20 * i) for i in range(6)],
+                       ".progress.2": [(now + 0.15 + 0.2 * i, 2000 + 20 * i) for i in range(6)]}
+    job.points, job.longest, job.proc, job.tail = [], 5.0, Running(), []
+    assert job.rate(0.0) == pytest.approx(200.0)
