@@ -315,6 +315,17 @@ def _pl_basics(name: str, script: str, what: str, cpu: bool = False) -> PublicJo
                      warmup=8.0 if cpu else 12.0, longest=60.0)
 
 
+def _pl_basics_ddp(name: str, script: str, what: str) -> PublicJob:
+    """One of Lightning's basics examples on the CPU as two DDP ranks (gloo) that Lightning's ddp_spawn
+    strategy starts: the steps of both counted (each rank its own progress file)."""
+    return PublicJob(name, "cpu", PL, f"{PL_BASICS}/{script}",
+                     ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu", "--trainer.devices=2",
+                      "--trainer.strategy=ddp_spawn"],
+                     what + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
+                     cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
+                     env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"})
+
+
 def cpu_jobs() -> list[PublicJob]:
     return [
         PublicJob("vae-cpu", "cpu", EX, "vae/main.py", ["--epochs", "1000", "--no-accel"],
@@ -384,24 +395,14 @@ def cpu_jobs() -> list[PublicJob]:
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   longest=60.0),
         _pl_basics("lightning-backbone-cpu", "backbone_image_classifier.py", PL_BACKBONE, cpu=True),
-        PublicJob("lightning-backbone-cpu-ddp", "cpu", PL, f"{PL_BASICS}/backbone_image_classifier.py",
-                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu", "--trainer.devices=2",
-                   "--trainer.strategy=ddp_spawn"],
-                  PL_BACKBONE + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
-                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
-                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"}),
+        _pl_basics_ddp("lightning-backbone-cpu-ddp", "backbone_image_classifier.py", PL_BACKBONE),
         # The same job with rich installed (`pip install --target .public/site-rich rich`): Lightning's
         # Trainer then draws a RichProgressBar, whose refresh thread redraws it under the GIL.
         replace(_pl_basics("lightning-backbone-cpu-rich", "backbone_image_classifier.py",
                            PL_BACKBONE + " (rich installed: the Trainer's RichProgressBar)", cpu=True),
                 sites=("site-rich",), background="Lightning's RichProgressBar refresh thread (rich)"),
         _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
-        PublicJob("lightning-autoencoder-cpu-ddp", "cpu", PL, f"{PL_BASICS}/autoencoder.py",
-                  ["--trainer.max_epochs=1000", "--trainer.accelerator=cpu", "--trainer.devices=2",
-                   "--trainer.strategy=ddp_spawn"],
-                  PL_AUTOENCODER + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
-                  cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
-                  env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"}),
+        _pl_basics_ddp("lightning-autoencoder-cpu-ddp", "autoencoder.py", PL_AUTOENCODER),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
