@@ -184,7 +184,8 @@ def _rank_children(spec: WatchSpec, tree0: list[tuple[int, int]], env: dict[str,
         ("LOCAL_RANK" in env.get(str(p), {}) and not mine) or ranks.child_is_spawned_trainer(p, spec.root, torch_v))]
 
 
-def _start_rank_oncpu(spec: WatchSpec, snap0: dict[str, Any], rank_pids: list[int]) -> list["oncpu_mod.Sampler"]:
+def _start_rank_oncpu(spec: WatchSpec, snap0: dict[str, Any], rank_pids: list[int],
+                      rank_maps: dict[int, str]) -> list["oncpu_mod.Sampler"]:
     """CPU-clock samplers of the target's ranks that map an OpenMP runtime, each with its own maps
     (cpu.oversubscribed prices a cap across ranks from them)."""
     if spec.root not in ("", "/") or not rank_pids:
@@ -195,7 +196,7 @@ def _start_rank_oncpu(spec: WatchSpec, snap0: dict[str, Any], rank_pids: list[in
     per_rank = max(4, oncpu_mod.MAX_THREADS // len(found))
     out = []
     for p in found:
-        maps = procfs.try_read_text(spec.root, f"proc/{p}/maps") or ""
+        maps = rank_maps.get(p, "")
         tids = sorted(int(t) for t in (snap0["procs"].get(str(p)) or {}).get("tasks", {}))[:per_rank]
         if not tids or not oncpu_mod.openmp_ranges(maps):
             continue
@@ -222,7 +223,8 @@ def _merge_rank_oncpu(oncpu: dict[str, Any] | None, samplers: list["oncpu_mod.Sa
     return oncpu
 
 
-def _start_rank_stepcount(spec: WatchSpec, rank_pids: list[int]) -> dict[int, "stepcount.Counter"]:
+def _start_rank_stepcount(spec: WatchSpec, rank_pids: list[int],
+                          rank_maps: dict[int, str]) -> dict[int, "stepcount.Counter"]:
     """Count each rank's backward passes on its main thread, where DDP's ranks (torchrun's, mp.spawn's,
     Lightning's) call backward: one event a rank, so a launcher's step length costs what the target's
     own count does, not an event per thread of every rank."""
@@ -230,7 +232,7 @@ def _start_rank_stepcount(spec: WatchSpec, rank_pids: list[int]) -> dict[int, "s
         return {}
     out: dict[int, stepcount.Counter] = {}
     for p in rank_pids[:MAX_RANKS_SAMPLED]:
-        maps = procfs.try_read_text(spec.root, f"proc/{p}/maps") or ""
+        maps = rank_maps.get(p, "")
         if stepcount.library_path(maps) is None:
             continue
         try:
@@ -324,20 +326,26 @@ class ProcessProbe(Probe):
         libs = _libraries(root, spec.pid, maps)
         torch_v = ranks.torch_version(libs, root)
         rank_pids = _rank_children(spec, tree0, env, torch_v)
-        for p in rank_pids:   # ranks under a launcher load CUDA, the launcher does not
-            libs = sorted(set(libs) | set(_libraries(root, p)))
+        # each rank's maps, read once: its libraries (ranks under a launcher load CUDA, the launcher
+        # does not), and for the samplers and counters of the ranks sampled
+        rank_maps: dict[int, str] = {}
+        for i, p in enumerate(rank_pids):
+            text = procfs.try_read_text(root, f"proc/{p}/maps") or ""
+            libs = sorted(set(libs) | set(_libraries(root, p, text)))
+            if i < MAX_RANKS_SAMPLED:
+                rank_maps[p] = text
         exe = procfs.process_fact(spec.pid, "exe", root) or None
         cgroup = procfs.parse_cgroup_v2_path(procfs.try_read_text(root, f"proc/{spec.pid}/cgroup"))
         cpu_max = procfs.try_read_text(root, f"sys/fs/cgroup/{cgroup.lstrip('/')}/cpu.max") if cgroup else None
         sampler = _start_oncpu(spec, snap0, maps)
         # The ranks' threads too (a launcher's, or the training processes the job spawned): where a
         # rank's team spins at OpenMP barriers on CPUs its siblings share (cpu.oversubscribed)
-        rank_samplers = _start_rank_oncpu(spec, snap0, rank_pids)
+        rank_samplers = _start_rank_oncpu(spec, snap0, rank_pids, rank_maps)
         counter = None
         rank_counters: dict[int, stepcount.Counter] = {}
         try:
             counter = _start_stepcount(spec, snap0, maps)
-            rank_counters = _start_rank_stepcount(spec, rank_pids)
+            rank_counters = _start_rank_stepcount(spec, rank_pids, rank_maps)
             snap1, timeline, target_exited_unix = self._watch(spec, rec, deadline_monotonic, follow, tree0, t0,
                                                               env, parents)
         finally:
