@@ -267,6 +267,7 @@ class PublicJob:
     pythonpath: tuple[str, ...] = ()           # work-dir paths the project's README installs (pip install -e .)
     sites: tuple[str, ...] = ()                # .public/ directories of extra packages (see their jobs)
     longest: float = 30.0                      # a rate window may stretch this long (a pass with no steps)
+    cpus: tuple[int, ...] = ()                 # the CPUs the job may use (its affinity; all by default)
 
     @property
     def commit(self) -> str:
@@ -278,7 +279,8 @@ class PublicJob:
     def command(self, extra: list[str] = ()) -> list[str]:
         """As a person types it, in the repository's checkout."""
         script = os.path.relpath(self.script, self.cwd)
-        return (["cd", self.cwd, "&&"] if self.cwd != "." else []) + ["python", script, *self.argv, *extra]
+        pin = ["taskset", "-c", ",".join(str(c) for c in self.cpus)] if self.cpus else []
+        return (["cd", self.cwd, "&&"] if self.cwd != "." else []) + [*pin, "python", script, *self.argv, *extra]
 
 
 def _set(flag: str) -> Callable[[Any], list[str]]:
@@ -332,6 +334,12 @@ def cpu_jobs() -> list[PublicJob]:
                   "pytorch/examples VAE on MNIST, CPU: a small MLP fed by an in-loop DataLoader",
                   cwd="vae", data=lambda w: make_mnist(w / "data", 120_000),
                   flags={"item_every": _set("--log-interval")}),
+        # The same job held to one CPU (its affinity): no CPU is left beside the loop for a worker.
+        PublicJob("vae-cpu-1cpu", "cpu", EX, "vae/main.py", ["--epochs", "1000", "--no-accel"],
+                  "pytorch/examples VAE on MNIST, CPU: a small MLP fed by an in-loop DataLoader; held to one "
+                  "CPU (taskset -c 0)",
+                  cwd="vae", data=lambda w: make_mnist(w / "data", 120_000),
+                  flags={"item_every": _set("--log-interval")}, cpus=(0,)),
         PublicJob("wlm-cpu", "cpu", EX, "word_language_model/main.py",
                   ["--epochs", "1000", "--emsize", "128", "--nhid", "128", "--bptt", "35", "--batch_size", "20"],
                   "pytorch/examples word-level LSTM language model on CPU (no DataLoader)",
@@ -634,6 +642,7 @@ class PublicProc(Job):
                                             + ([str(site)] if site.exists() else [])
                                             + [p for p in [os.environ.get("PYTHONPATH")] if p])
         self.argv = [PY, str(w / job.script), *job.argv, *extra_argv]
+        self.argv = (["taskset", "-c", ",".join(str(c) for c in job.cpus)] if job.cpus else []) + self.argv
         self.proc = subprocess.Popen(self.argv, cwd=w / job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self.busy = []
@@ -768,7 +777,7 @@ def describe(job: PublicJob) -> dict[str, Any]:
     return {"job": job.name, "kind": job.kind, "repo": job.repo, "commit": job.commit, "script": job.script,
             "cwd": job.cwd, "argv": job.argv, "what": job.what, "command": " ".join(job.command()), "env": job.env,
             "compiled": job.compiled, "background": job.background, "injected_thread": job.thread,
-            "expect": job.expect, "expect_not": list(job.expect_not)}
+            "expect": job.expect, "expect_not": list(job.expect_not), **({"cpus": list(job.cpus)} if job.cpus else {})}
 
 
 def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float,

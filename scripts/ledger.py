@@ -815,8 +815,9 @@ def _predict(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, float],
 
 # A job run with extra packages installed (`lightning-backbone-cpu-rich`: rich, so Lightning draws a
 # RichProgressBar), or launched as DDP ranks (`-ddp`: Lightning's ddp_spawn; `-mpd`: ImageNet's
-# --multiprocessing-distributed), is the same script on the same data: the same job, left out with it.
-VARIANT_SUFFIXES = ("-rich", "-ddp", "-mpd")
+# --multiprocessing-distributed), or held to one CPU (`-1cpu`), is the same script on the same data:
+# the same job, left out with it.
+VARIANT_SUFFIXES = ("-rich", "-ddp", "-mpd", "-1cpu")
 
 
 def job_of(case: str) -> str:
