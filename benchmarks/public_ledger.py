@@ -279,8 +279,12 @@ class PublicJob:
     def command(self, extra: list[str] = ()) -> list[str]:
         """As a person types it, in the repository's checkout."""
         script = os.path.relpath(self.script, self.cwd)
-        pin = ["taskset", "-c", ",".join(str(c) for c in self.cpus)] if self.cpus else []
-        return (["cd", self.cwd, "&&"] if self.cwd != "." else []) + [*pin, "python", script, *self.argv, *extra]
+        return (["cd", self.cwd, "&&"] if self.cwd != "." else []) + [*self.pinned(), "python", script, *self.argv,
+                                                                       *extra]
+
+    def pinned(self) -> list[str]:
+        """The command's prefix that holds the job to its CPUs (none where it may use all)."""
+        return ["taskset", "-c", ",".join(str(c) for c in self.cpus)] if self.cpus else []
 
 
 def _set(flag: str) -> Callable[[Any], list[str]]:
@@ -641,8 +645,7 @@ class PublicProc(Job):
                                             + [str(PUBLIC / x) for x in job.sites]
                                             + ([str(site)] if site.exists() else [])
                                             + [p for p in [os.environ.get("PYTHONPATH")] if p])
-        self.argv = [PY, str(w / job.script), *job.argv, *extra_argv]
-        self.argv = (["taskset", "-c", ",".join(str(c) for c in job.cpus)] if job.cpus else []) + self.argv
+        self.argv = [*job.pinned(), PY, str(w / job.script), *job.argv, *extra_argv]
         self.proc = subprocess.Popen(self.argv, cwd=w / job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self.busy = []
