@@ -17,7 +17,7 @@ from trainprobe.agent.session import Progress, SessionResult, run_session, selec
 from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
 from trainprobe.probes.parsers import procfs
 from trainprobe.probes.base import Capture, WatchSpec
-from trainprobe.probes.support.target import is_alive, launcher_of
+from trainprobe.probes.support.target import is_alive, launcher_of, trainer_of_worker
 
 MIN_EVIDENCE_S = 1.0        # a target that lived less than this in the window gives exit code 3
 
@@ -108,6 +108,11 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
     resolved: Resolved = resolve(pid, root)
     info = resolved.info
     requested = info.pid
+    trainer = trainer_of_worker(info.pid, root)
+    if trainer is not None:
+        # A DataLoader worker: its training process is what the diagnosis watches, the worker with it.
+        progress(f"PID {info.pid} is a DataLoader worker; diagnosing its training process PID {trainer}")
+        info = validate(trainer, root)
     launcher = launcher_of(info.pid, root)
     if launcher is not None:
         # One rank of a multi-rank job: watch the whole job, so the ranks can be compared.

@@ -192,6 +192,8 @@ def launcher_of(pid: int, root: str = "/") -> int | None:
     started through multiprocessing's spawn (torch.multiprocessing.spawn, mp.Process: no LOCAL_RANK)
     whose parent started another (probes/support/ranks.py). Reads only LOCAL_RANK of the environment."""
     from trainprobe.probes.support import ranks
+    if ranks.is_worker_comm(_comm(pid, root)):
+        return None       # a DataLoader worker inherits its rank's LOCAL_RANK: it is no rank itself
     try:
         env = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{pid}/environ"), ("LOCAL_RANK",))
     except Exception:  # noqa: BLE001 - unreadable environ: not known to be a rank
@@ -210,9 +212,32 @@ def launcher_of(pid: int, root: str = "/") -> int | None:
         if spawned:
             siblings += ranks.child_is_spawned_trainer(kid, root)
             continue
+        if ranks.is_worker_comm(_comm(kid, root)):
+            continue
         try:
             kenv = procfs.parse_environ_whitelist(procfs.read_bytes(root, f"proc/{kid}/environ"), ("LOCAL_RANK",))
         except Exception:  # noqa: BLE001
             continue
         siblings += "LOCAL_RANK" in kenv
     return parent.pid if siblings >= 2 else None
+
+
+def _comm(pid: int, root: str = "/") -> str | None:
+    try:
+        return procfs.read_text(root, f"proc/{pid}/comm").strip()
+    except Exception:  # noqa: BLE001 - gone or unreadable: no name
+        return None
+
+
+def trainer_of_worker(pid: int, root: str = "/") -> int | None:
+    """If `pid` is one of torch's DataLoader worker processes (named pt_data_worker from torch 2.4 on),
+    the PID of the Python process that started it: the training process a diagnosis watches, with
+    its workers. Else None (an older torch's workers carry no name of their own)."""
+    from trainprobe.probes.support import ranks
+    if not ranks.is_worker_comm(_comm(pid, root)):
+        return None
+    try:
+        parent = inspect(inspect(pid, root).ppid, root)
+    except Exception:  # noqa: BLE001 - parent gone or unreadable
+        return None
+    return parent.pid if parent.is_python and not ranks.is_worker_comm(parent.comm) else None
