@@ -415,6 +415,32 @@ def cpu_jobs() -> list[PublicJob]:
                 sites=("site-rich",), background="Lightning's RichProgressBar refresh thread (rich)"),
         _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
         _pl_basics_ddp("lightning-autoencoder-cpu-ddp", "autoencoder.py", PL_AUTOENCODER),
+        # timm's train.py as it comes (its 4 workers, torch's intra-op threads) on the CPUs of a small node.
+        PublicJob("timm-cpu", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--no-aug", "--device", "cpu",
+                   "--model", "mobilenetv3_small_100", "--img-size", "128", "-b", "32"],
+                  "timm's train.py on the CPU, mobilenetv3_small_100 at 128 px, batch 32, a JPEG ImageFolder "
+                  "(62 batches an epoch), its default 4 persistent workers",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+        PublicJob("timm-cpu-j1", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
+                   "--model", "mobilenetv3_small_100", "--img-size", "128", "-b", "32", "-j", "1"],
+                  "timm's train.py on the CPU, mobilenetv3_small_100 at 128 px, batch 32, its default training "
+                  "augmentation (random resized crop, flip, colour jitter) of a JPEG ImageFolder in 1 worker",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+        PublicJob("timm-cpu-j1-64", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
+                   "--model", "mobilenetv3_small_100", "--img-size", "64", "-b", "32", "-j", "1"],
+                  "timm's train.py on the CPU, mobilenetv3_small_100 at 64 px (little compute a batch), batch 32, "
+                  "its default training augmentation of 320 px JPEGs (decode, random resized crop, flip, colour "
+                  "jitter) in 1 worker",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "

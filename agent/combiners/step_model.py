@@ -60,7 +60,7 @@ preemption), and lengthens it where the job held fewer CPUs than it will (U / H'
 holds after the cap: its threads and workers, at most P less what other processes take):
     loop' = loop (1 - sigma) U / H',
 never less than its compute's work at the n threads' parallel speed, ((C - r) + e (L - 1) C) /
-(1 + e (n - 1)) (e the fitted par_eff; the threads' CPU-clock samples are reported beside it).
+(1 + e (n - 1)) (e the team's CPU-clock samples' where the window has them, else the fitted par_eff).
 sigma is read from the team's involuntary context switches per held core (each costs
 SWITCH_COST_S of refill and re-wait: a preempted spinner or a thread woken into a busy CPU), at
 most SIGMA_MAX; the probes cannot tell a spinning thread from a working one, so the interval runs
@@ -152,7 +152,9 @@ class Calibration:
                 middle 0.5 is the fit over the four ledgers' seven jobs with a thread cap (2 CPUs);
                 their folds fit 0.3 or 0.5 held out from the earlier prior 0.2. The team's CPU-clock
                 samples (par_measured) read 0.11-0.52 on those jobs where their measured gains imply
-                0.2-0.5 and do not track them: they no longer set the middle (docs/models.md)
+                0.2-0.5 and do not track them: they no longer set the middle of such a fix
+                (docs/models.md). A thread cap alone (cpu.oversubscribed's, cap_par) is priced at
+                the samples' e where the window has them
     gil_alpha   how far the loop's own CPU time per step shrinks once a GIL holder is gone (fewer
                 hand-overs, a warm cache): c (1 - g)^alpha (gil.contention). A pure-Python holder
                 takes the GIL back at every release for a torch op, and the loop's CPU time under it
@@ -439,7 +441,7 @@ class StepModel:
         held = max(min(n + workers, free), 0.05)
         # The CPU the job needs after the cap: today's, less what the capped-away threads spent beyond
         # their parallel speed (par_eff: all of it useful at e = 1).
-        e = self.par(sc, cal)
+        e = self.cap_par(sc, cal)
         useful = self.u - (1.0 - e) * max(self.loop_cores - n, 0.0) * self.c - self.spin_beyond(n)
         f = (1.0 - self.sigma(sc, cal)) * max(useful, 0.05) / held
         if sc == "hi" and self.shared():
@@ -455,9 +457,21 @@ class StepModel:
 
     def par(self, sc: str, cal: Calibration) -> float:
         """The intra-op team's parallel efficiency e: the calibration's par_eff."""
-        # The threads' CPU samples (par_measured) are reported, not used: held out over the four ledgers
-        # the fitted constant predicted the caps better than they did (docs/models.md).
+        # The threads' CPU samples (par_measured) are reported, not used here: held out over the four
+        # ledgers the fitted constant predicted a cap that comes with workers for the loop's own loading
+        # better than they did (docs/models.md).
         return cal.par_eff[SCENARIOS.index(sc)]
+
+    def cap_par(self, sc: str, cal: Calibration) -> float:
+        """e for a thread cap alone (cpu.oversubscribed's, cap_factor): the team's CPU-clock samples
+        where the window has them, else par(). A team that shares its CPUs with busy workers today
+        spends much of its second thread's CPU waiting at its barriers for a preempted peer, which the
+        samples see and no one constant holds: timm's train.py on 2 CPUs, one worker, one model, read
+        e = 0.17 at 64 px (the cap measured 1.14x) and 0.56 at 128 px (0.86x); held out, the samples
+        priced these caps better than par_eff did (docs/models.md)."""
+        if self.par_measured is not None:
+            return self.par_measured[SCENARIOS.index(sc)]
+        return self.par(sc, cal)
 
     def spin_beyond(self, n: int, c: float | None = None) -> float:
         """Cores of the measured team's CPU beyond (L - 1) C that a cap to n threads removes: spinning
@@ -757,7 +771,8 @@ class StepModel:
         if step.capped:
             inside += (f"; with fewer intra-op threads the loop's compute takes longer (parallel efficiency "
                        f"e = {CAL.par_eff[1]:g}, fitted on the ledgers"
-                       + (f"; {self.par_basis}" if self.par_measured is not None and self.par_basis else "") + ")")
+                       + (f"; {self.par_basis}, which would read e = {self.par_measured[1]:.2f}"
+                          if self.par_measured is not None and self.par_basis else "") + ")")
         if self.f_eval >= 0.01 and self.eval_passes == 1:
             inside += (f"; the window caught one evaluation pass, cut by its edge, and cannot tell that pass's "
                        f"share of the job: the step is the geometric mean of keeping its {100 * self.f_eval:.0f}% "
@@ -1056,7 +1071,7 @@ def _measured_par(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: f
     spun = sum(v["openmp"] for v in team) / max(sum(v["samples"] for v in team), 1)
     m.par_basis = (f"its other intra-op threads worked {work * period / win:.2f} cores and spun or waited in the "
                    f"OpenMP runtime {100 * spun:.0f}% of their CPU, the loop thread waited there "
-                   f"{g_loop * period / win:.2f} cores (CPU-clock samples), which would read e = {mid:.2f}")
+                   f"{g_loop * period / win:.2f} cores (CPU-clock samples)")
 
 
 STEP_MIN_CALLS = 10          # backward passes in the window needed to time the step

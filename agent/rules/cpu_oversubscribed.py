@@ -197,9 +197,20 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
              f"time-share a CPU doing useful work need the same CPU time after the cap: {what}, the step loses "
              f"only the waste (about {sigma:.0%} of the job's CPU time, from {m.switch_rate:.0f} involuntary "
              f"switches per second per held core; spinning and useful work look alike to the probes) and gains "
-             f"the CPUs the job will hold ({m.u:.2f} of {m.p_allowed:.3g} held today; others' share {held}): "
+             f"the CPUs the job will hold ({m.u:.2f} of {m.p_allowed:.3g} held today; others' share {held}), "
+             f"its compute on fewer threads at the team's parallel efficiency {_efficiency(m)}: "
              f"{step.speedup:.2f}x ({step.interval[0]:.2f}-{step.interval[1]:.2f}x); an estimate")
     return step.speedup, step.interval, bound, m.details(step)
+
+
+def _efficiency(m: Any) -> str:
+    """The e a cap's compute is priced at, and where it comes from, in words."""
+    cal = step_model.calibration()
+    e = m.cap_par("mid", cal)
+    if m.par_measured is not None:
+        basis = m.par_basis or "from the threads' CPU-clock samples"
+        return f"e = {e:.2f} ({basis})"
+    return f"e = {e:g} (fitted on the ledgers; no CPU-clock samples of the team)"
 
 
 SPIN_MIN_SAMPLES = 50        # the ranks' busy threads' CPU-clock samples needed (0.5 s of their CPU)
