@@ -441,6 +441,14 @@ def cpu_jobs() -> list[PublicJob]:
                   "its default training augmentation of 320 px JPEGs (decode, random resized crop, flip, colour "
                   "jitter) in 1 worker",
                   data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+        PublicJob("timm-cpu-resnet18-j1-64", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
+                   "--model", "resnet18", "--img-size", "64", "-b", "32", "-j", "1"],
+                  "timm's train.py on the CPU, resnet18 at 64 px, batch 32, its default training augmentation "
+                  "of 320 px JPEGs in 1 worker",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "

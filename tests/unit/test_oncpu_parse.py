@@ -90,3 +90,13 @@ def test_no_samples_keep_the_calibrated_efficiency():
     m = _model(10, 5, 0)                     # too few of the team's samples to measure e
     assert m.par_measured is None
     assert m.par("mid", step_model.CAL) == step_model.CAL.par_eff[1]
+
+
+def test_a_cap_alone_is_priced_at_the_samples_efficiency_and_without_them_at_the_fitted_one():
+    # cpu.oversubscribed's cap (no worker change, the run-queue wait removed): a team whose second
+    # thread mostly spun costs little to cap, one whose second thread worked costs more.
+    ch = Change(intra_threads=1, runq_removed=True)
+    spin_m, work_m, none_m = _model(450, 420, 0), _model(301, 1, 0), _model(10, 5, 0)
+    assert spin_m.cap_par("mid", step_model.CAL) == spin_m.par_measured[1]
+    assert none_m.cap_par("mid", step_model.CAL) == step_model.CAL.par_eff[1]
+    assert spin_m.after(ch).speedup > work_m.after(ch).speedup
