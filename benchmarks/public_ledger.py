@@ -449,6 +449,22 @@ def cpu_jobs() -> list[PublicJob]:
                   "timm's train.py on the CPU, resnet18 at 64 px, batch 32, its default training augmentation "
                   "of 320 px JPEGs in 1 worker",
                   data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+        PublicJob("timm-cpu-effnet-j1-96", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
+                   "--model", "efficientnet_b0", "--img-size", "96", "-b", "32", "-j", "1"],
+                  "timm's train.py on the CPU, efficientnet_b0 at 96 px, batch 32, its default training "
+                  "augmentation of 320 px JPEGs in 1 worker",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+        PublicJob("timm-cpu-j2-64", "cpu", TIMM, "train.py",
+                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
+                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
+                   "--model", "mobilenetv3_small_100", "--img-size", "64", "-b", "32", "-j", "2"],
+                  "timm's train.py on the CPU, mobilenetv3_small_100 at 64 px, batch 32, its default training "
+                  "augmentation of 320 px JPEGs in 2 workers",
+                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
