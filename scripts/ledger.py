@@ -827,7 +827,9 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
         step_model.set_calibration(old)
     if f is None:
         return 1.0, (0.0, QUIET), how, None
-    return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup)), how, model_figure(f)
+    # (a derivation is of the rule's own fix: where the applied knobs differ it says nothing of them)
+    own = None if "differ" in how else model_figure(f)
+    return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup)), how, own
 
 
 # A job run with extra packages installed (`lightning-backbone-cpu-rich`: rich, so Lightning draws a

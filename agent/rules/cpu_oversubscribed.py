@@ -122,8 +122,14 @@ def _data_share(ev: Evidence) -> float | None:
 def _thread_numbers(proc: dict[str, Any], rows: list[dict[str, Any]], ld: dict[str, Any], p_cpus: float,
                     others: float | None) -> dict[str, int]:
     """The thread numbers the fixes propose: the CPUs left after other processes and busy workers."""
+    # A worker is busy as a thread is (on a CPU or waiting for one BUSY of the window): one that ran
+    # 0.098 cores and queued 0.07 is one of the busy threads the title counts, and the CPU the
+    # team's cap leaves it (timm's EfficientNet on 2 CPUs: counted idle, the fix proposed the team's
+    # own 2 threads, a change of nothing, at 1.02x).
+    busy_pids = {r["pid"] for r in rows if r["cpu"] + r["r"] >= BUSY}
     busy_workers = [pr for pr in proc["processes"] if pr.get("role") == "dataloader_worker"
-                    and pr.get("alive_at_end") and (pr.get("cpu_cores") or 0.0) >= BUSY]
+                    and pr.get("alive_at_end")
+                    and ((pr.get("cpu_cores") or 0.0) >= BUSY or pr.get("pid") in busy_pids)]
     others_whole = int(math.floor(others + 0.25)) if others else 0
     p_free = max(1, int(math.floor(p_cpus + 1e-6)) - others_whole)
     # Intra-op threads inside a worker: threads that themselves burn CPU (a queue feeder thread
