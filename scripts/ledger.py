@@ -820,7 +820,9 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
                 f, how = g, "at the applied knobs"
         elif f is not None and knobs is not None:
             own = report_mod.fix_knobs(f)
+            # (both ways: a knob the rule prints that was not applied makes another fix too)
             differ = {k: v for k, v in knobs.items() if k != "non_blocking" and own.get(k) != v}
+            differ.update({k: "not applied" for k in own if k != "non_blocking" and k not in knobs})
             if differ:
                 how = "the rule's own fix (applied knobs differ: " + ", ".join(f"{k}={v}" for k, v in differ.items()) + ")"
     finally:
