@@ -813,7 +813,7 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
         ev = evidence_from(b.captures, b.context)
         findings, _ = report_mod.diagnose(ev)
         f = next((x for x in findings if x.id == row["finding"]), None)
-        how = "the rule's own fix"
+        how, differs = "the rule's own fix", False
         if row["finding"] == "dataloader.starved" and knobs is not None:
             g = dataloader_starved.at_knobs(evidence_from(b.captures, b.context), knobs)
             if g is not None:
@@ -824,13 +824,14 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
             differ = {k: v for k, v in knobs.items() if k != "non_blocking" and own.get(k) != v}
             differ.update({k: "not applied" for k in own if k != "non_blocking" and k not in knobs})
             if differ:
+                differs = True
                 how = "the rule's own fix (applied knobs differ: " + ", ".join(f"{k}={v}" for k, v in differ.items()) + ")"
     finally:
         step_model.set_calibration(old)
     if f is None:
         return 1.0, (0.0, QUIET), how, None
     # (a derivation is of the rule's own fix: where the applied knobs differ it says nothing of them)
-    own = None if "differ" in how else model_figure(f)
+    own = None if differs else model_figure(f)
     return f.expected_speedup, tuple(f.interval or (f.expected_speedup, f.expected_speedup)), how, own
 
 
