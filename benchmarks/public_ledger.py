@@ -332,6 +332,18 @@ def _pl_basics_ddp(name: str, script: str, what: str) -> PublicJob:
                      env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"})
 
 
+def _timm_cpu(name: str, model: str, px: int, workers: int | None, what: str, aug: bool = True) -> PublicJob:
+    """timm's train.py on the CPU on the 2,000-image JPEG ImageFolder, batch 32: `model` at `px` pixels,
+    `workers` DataLoader workers (None: timm's default 4), its training augmentation unless not `aug`."""
+    jpeg = PUBLIC / "data" / "jpeg"
+    argv = (["--data-dir", str(jpeg), "--train-split", "train", "--val-split", "val", "--epochs", "1000",
+             "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
+             "--output", "/tmp/trainprobe-timm-cpu-out"] + ([] if aug else ["--no-aug"])
+            + ["--device", "cpu", "--model", model, "--img-size", str(px), "-b", "32"]
+            + ([] if workers is None else ["-j", str(workers)]))
+    return PublicJob(name, "cpu", TIMM, "train.py", argv, what, data=lambda w: make_jpeg_folder(jpeg), warmup=15.0)
+
+
 def cpu_jobs() -> list[PublicJob]:
     return [
         PublicJob("vae-cpu", "cpu", EX, "vae/main.py", ["--epochs", "1000", "--no-accel"],
@@ -416,55 +428,25 @@ def cpu_jobs() -> list[PublicJob]:
         _pl_basics("lightning-autoencoder-cpu", "autoencoder.py", PL_AUTOENCODER, cpu=True),
         _pl_basics_ddp("lightning-autoencoder-cpu-ddp", "autoencoder.py", PL_AUTOENCODER),
         # timm's train.py as it comes (its 4 workers, torch's intra-op threads) on the CPUs of a small node.
-        PublicJob("timm-cpu", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--no-aug", "--device", "cpu",
-                   "--model", "mobilenetv3_small_100", "--img-size", "128", "-b", "32"],
+        _timm_cpu("timm-cpu", "mobilenetv3_small_100", 128, None,
                   "timm's train.py on the CPU, mobilenetv3_small_100 at 128 px, batch 32, a JPEG ImageFolder "
-                  "(62 batches an epoch), its default 4 persistent workers",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
-        PublicJob("timm-cpu-j1", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
-                   "--model", "mobilenetv3_small_100", "--img-size", "128", "-b", "32", "-j", "1"],
+                  "(62 batches an epoch), its default 4 persistent workers", aug=False),
+        _timm_cpu("timm-cpu-j1", "mobilenetv3_small_100", 128, 1,
                   "timm's train.py on the CPU, mobilenetv3_small_100 at 128 px, batch 32, its default training "
-                  "augmentation (random resized crop, flip, colour jitter) of a JPEG ImageFolder in 1 worker",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
-        PublicJob("timm-cpu-j1-64", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
-                   "--model", "mobilenetv3_small_100", "--img-size", "64", "-b", "32", "-j", "1"],
+                  "augmentation (random resized crop, flip, colour jitter) of a JPEG ImageFolder in 1 worker"),
+        _timm_cpu("timm-cpu-j1-64", "mobilenetv3_small_100", 64, 1,
                   "timm's train.py on the CPU, mobilenetv3_small_100 at 64 px (little compute a batch), batch 32, "
                   "its default training augmentation of 320 px JPEGs (decode, random resized crop, flip, colour "
-                  "jitter) in 1 worker",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
-        PublicJob("timm-cpu-resnet18-j1-64", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
-                   "--model", "resnet18", "--img-size", "64", "-b", "32", "-j", "1"],
+                  "jitter) in 1 worker"),
+        _timm_cpu("timm-cpu-resnet18-j1-64", "resnet18", 64, 1,
                   "timm's train.py on the CPU, resnet18 at 64 px, batch 32, its default training augmentation "
-                  "of 320 px JPEGs in 1 worker",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
-        PublicJob("timm-cpu-effnet-j1-96", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
-                   "--model", "efficientnet_b0", "--img-size", "96", "-b", "32", "-j", "1"],
+                  "of 320 px JPEGs in 1 worker"),
+        _timm_cpu("timm-cpu-effnet-j1-96", "efficientnet_b0", 96, 1,
                   "timm's train.py on the CPU, efficientnet_b0 at 96 px, batch 32, its default training "
-                  "augmentation of 320 px JPEGs in 1 worker",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
-        PublicJob("timm-cpu-j2-64", "cpu", TIMM, "train.py",
-                  ["--data-dir", str(PUBLIC / "data" / "jpeg"), "--train-split", "train", "--val-split", "val",
-                   "--epochs", "1000", "--log-interval", "50", "--val-interval", "1000", "--num-classes", "10",
-                   "--output", "/tmp/trainprobe-timm-cpu-out", "--device", "cpu",
-                   "--model", "mobilenetv3_small_100", "--img-size", "64", "-b", "32", "-j", "2"],
+                  "augmentation of 320 px JPEGs in 1 worker"),
+        _timm_cpu("timm-cpu-j2-64", "mobilenetv3_small_100", 64, 2,
                   "timm's train.py on the CPU, mobilenetv3_small_100 at 64 px, batch 32, its default training "
-                  "augmentation of 320 px JPEGs in 2 workers",
-                  data=lambda w: make_jpeg_folder(PUBLIC / "data" / "jpeg"), warmup=15.0),
+                  "augmentation of 320 px JPEGs in 2 workers"),
         PublicJob("mingpt-chargpt-cpu", "cpu", MINGPT, "projects/chargpt/chargpt.py",
                   ["--trainer.batch_size=16", "--data.block_size=64"],
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
