@@ -3,12 +3,12 @@ training process (the worker with it), and a worker that inherited LOCAL_RANK fr
 taken for a rank, nor its training process for a launcher (a real job, two workers, LOCAL_RANK set
 as a launcher sets it)."""
 import os
-import subprocess
+import signal
 import time
 
 import pytest
 
-from tests.helpers import PY, REPO, run_cli
+from tests.helpers import run_cli, start_workload
 from trainprobe.probes.support.target import launcher_of, trainer_of_worker
 
 pytestmark = pytest.mark.live
@@ -28,29 +28,28 @@ def _workers(pid):
 
 @pytest.fixture(scope="module")
 def job():
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", LOCAL_RANK="0")
-    proc = subprocess.Popen([PY, "-m", "trainprobe.agent.workloads.train_cpu", "--seconds", "60", "--num-workers", "2",
-                             "--persistent-workers", "--sample-work", "400"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    workers = []
-    while time.monotonic() < deadline and len(workers) < 2:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            pytest.fail("the job exited early")
-        if line.startswith("PROGRESS"):
-            workers = _workers(proc.pid)
+    w = start_workload("--seconds", "60", "--num-workers", "2", "--persistent-workers", "--sample-work", "400",
+                       env={"LOCAL_RANK": "0"})
+    deadline = time.monotonic() + 30
+    workers = _workers(w.pid)
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = _workers(w.pid)
     if len(workers) < 2:
-        proc.kill()
+        w.stop()
         pytest.fail("the job's two DataLoader workers did not start in time")
-    yield proc.pid, workers
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    yield w.pid, workers
+    w.stop()
+    # The workers leave on their own once their parent is gone (torch's watchdog); stop any that stay.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
+        time.sleep(0.2)
+    for p in workers:
+        try:
+            if open(f"/proc/{p}/comm").read().startswith("pt_data_worker"):
+                os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def test_a_worker_with_its_ranks_local_rank_is_no_rank_and_leads_to_its_training_process(job):
