@@ -8,10 +8,11 @@ import math
 import platform
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from trainprobe.agent import evidence as evidence_mod
 from trainprobe.agent import report as report_mod
+from trainprobe.agent import schedclass
 from trainprobe.agent.evidence import Evidence
 from trainprobe.agent.session import Progress, SessionResult, run_session, select_probes, stderr_progress
 from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, EXIT_OK, EXIT_TARGET_GONE, Resolved, resolve, validate
@@ -96,7 +97,7 @@ def sampling_section(captures: list[Capture], plan: Any, observed_s: float, job:
 def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, only: tuple[str, ...] = (),
         skip: tuple[str, ...] = (), native: bool = False, root: str = "/", deep: bool = False,
         progress: Progress = stderr_progress, options: dict[str, Any] | None = None,
-        budget: bool | None = None) -> Diagnosis:
+        budget: bool | None = None, settle: Callable[[], dict] | None = None) -> Diagnosis:
     """`rate_hz` None: py-spy's rate is planned within the agent's CPU budget (agent/cost.py), up to
     default_rate(duration_s) (DEFAULT_RATE_HZ, more on a short window). An explicit rate, or `budget=False`, keeps the settings as given (one sampler
     over the whole tree at that rate) and the plan only states their expected cost."""
@@ -124,8 +125,12 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
                      native=native, root=root, options=dict(options or {}))
     probes = select_probes(only, skip, deep)
     job = cost_mod.job_shape(info.pid, root)
+    # The agent's scheduling class, settled before the session starts a thread or a probe child.
+    sched = settle() if settle is not None else None
+    guard = schedclass.Guard(sched) if sched is not None else None
     result: SessionResult = run_session(spec, probes, progress, target_alive=lambda: is_alive(info.pid, root),
-                                        planner=lambda ok: cost_mod.plan(spec, ok, job, enforce=enforce))
+                                        planner=lambda ok: cost_mod.plan(spec, ok, job, enforce=enforce),
+                                        tick=guard.tick if guard is not None else None)
     plan = result.plan
     host = host_context(root)
     context = {
@@ -161,6 +166,8 @@ def run(pid: int | None, duration_s: float = 10.0, rate_hz: int | None = None, o
                                "(an upper bound when the job saturates its CPUs)")
     overhead.clear()
     overhead.update(final)
+    if sched is not None:
+        overhead["scheduling_class"] = dict(sched)
     rep["sampling"] = sampling_section(result.captures, plan, result.observed_s, job)
     exit_code = EXIT_OK
     if gone and result.observed_s < max(MIN_EVIDENCE_S, 0.5 * duration_s):

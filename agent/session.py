@@ -82,10 +82,12 @@ def select_probes(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), deep: 
 
 def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stderr_progress,
                 target_alive: Callable[[], bool] | None = None,
-                planner: Callable[[list[Probe]], Any] | None = None) -> SessionResult:
+                planner: Callable[[list[Probe]], Any] | None = None,
+                tick: Callable[[list[int]], None] | None = None) -> SessionResult:
     """Run `probes` over one window. With a `planner` (agent/cost.py), the probes that can run here
     are planned within the agent's budget before the window; those it could not fit are recorded as
-    skipped with the reason, and the overhead carries the plan."""
+    skipped with the reason, and the overhead carries the plan. `tick` is called once a turn of the
+    window's loop with the probes' live children (agent/schedclass.Guard)."""
     stop = threading.Event()
     captures: dict[str, Capture] = {}
     threads: dict[str, threading.Thread] = {}
@@ -130,6 +132,8 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
         while time.monotonic() < deadline and any(t.is_alive() for t in threads.values()):
             time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
             rss.sample()
+            if tick is not None:
+                tick([p for r in list(recorders.values()) for p in r.live_children()])
             if target_alive is not None and not target_alive():
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
                 stop.set()

@@ -95,7 +95,8 @@ def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
             "top": top.get("id"), "top_speedup": top.get("expected_speedup"),
             "findings": [(f["id"], f.get("expected_speedup")) for f in rep.get("findings") or []][:4],
             "sampling": rep.get("sampling"), "plan": ov.get("plan"), "by_probe": ov.get("by_probe"),
-            "gpu_calls": (rep.get("sampling") or {}).get("gpu")}
+            "gpu_calls": (rep.get("sampling") or {}).get("gpu"),
+            "scheduling_class": ov.get("scheduling_class")}
 
 
 def run_case(name: str, pid: int, rate: Callable[[float, float], float], window: float, pairs: int,

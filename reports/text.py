@@ -155,11 +155,21 @@ def render(report: dict[str, Any], stream: TextIO, color: bool | None = None) ->
         lines.append(st.dim(f"overhead: agent {oh.get('agent_cpu_seconds', 0):.2f} CPU-s, "
                             f"{oh.get('agent_max_rss_mb', 0):.0f} MB max RSS"
                             + (f", estimated target slowdown {100 * slow:.1f}%" if slow is not None else "")
-                            + (f" (budget {oh['plan']['budget_cpu_seconds']:.2f} CPU-s)" if oh.get("plan") else "")))
+                            + (f" (budget {oh['plan']['budget_cpu_seconds']:.2f} CPU-s)" if oh.get("plan") else "")
+                            + _class_bit(oh.get("scheduling_class"))))
     line = sampling_line(report.get("sampling") or {})
     if line:
         lines.append(st.dim(line))
     stream.write("\n".join(lines) + "\n")
+
+
+def _class_bit(sc: dict | None) -> str:
+    """The agent's scheduling class, and where auto took it back to normal."""
+    if not sc:
+        return ""
+    cls = {"idle": "SCHED_IDLE", "low": "nice 10"}.get(sc.get("class"), "normal priority")
+    how = f"auto, {sc['free_cpus']:.1f} CPUs idle at start" if sc.get("asked") == "auto" and sc.get("free_cpus") is not None else sc.get("asked")
+    return f"; ran at {cls} ({how}" + ("; back to normal: it waited for a CPU" if sc.get("promoted") else "") + ")"
 
 
 def sampling_line(sm: dict) -> str | None:

@@ -68,7 +68,7 @@ def pytest_runtest_makereport(item, call):
 # page shows, that nothing was left attached) run in parallel. Marked here by module, or by test.
 SERIAL_MODULES = {
     "test_bcc_probes", "test_cost", "test_cpu_contended", "test_gil_evidence", "test_live_multirank", "test_live_straggler_ranks", "test_rules_cpu_io_gil", "test_slurm_job", "test_slurm_stragglers",
-    "test_throttle", "test_watch", "test_windows",
+    "test_priority_auto", "test_throttle", "test_watch", "test_windows",
 }
 SERIAL_TESTS = {
     "test_live_diagnose.py::test_starved_inloop_job_gets_dataloader_starved_with_workers",

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from trainprobe.agent import schedclass
 from trainprobe.agent.cli import App, redact_option
 from trainprobe.agent.commands import Seconds
 from trainprobe.agent.target import EXIT_INTERRUPTED, EXIT_NOT_PERMITTED, UserError
@@ -71,25 +72,17 @@ def windows_summary(reports: list[dict]) -> dict:
             "verdict": verdict}
 
 
-PRIORITIES = ("normal", "low", "idle")
-LOW_NICE = 10
-
-
-def set_priority(level: str) -> str | None:
-    """Put the calling thread (and so every thread and child started after it) in `level`'s scheduling
-    class; None when done, else why not. Linux sets both per thread: call before any thread starts."""
-    try:
-        if level == "idle":
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        elif level == "low":
-            os.setpriority(os.PRIO_PROCESS, 0, max(LOW_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
-    except (OSError, AttributeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
 def _names(value: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (value or "").split(",") if x.strip())
+
+
+def _settle(app: App, chooser: schedclass.Chooser) -> dict:
+    """The agent's class, set once before any thread starts; a class that could not be set is said."""
+    first = chooser.decision is None
+    d = chooser.settle()
+    if first and d.get("not_set"):
+        app.progress(f"--priority {d['not_set']}; running at normal priority")
+    return d
 
 
 @click.command("diagnose")
@@ -106,10 +99,11 @@ def _names(value: str | None) -> tuple[str, ...]:
               help="Watch this many consecutive windows of --duration each and report how their verdicts "
                    "agree (the full report is the last window's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
-@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True,
-              help="The CPU scheduling class of the agent and its probes: normal; low (nice 10); idle "
-                   "(SCHED_IDLE: the agent runs only where no other thread of the node wants the CPU; on a node "
-                   "with no idle CPU its window's samples come late or not at all). See docs/cost.md.")
+@click.option("--priority", type=click.Choice(schedclass.LEVELS), default="auto", show_default=True,
+              help="The CPU scheduling class of the agent and its probes: idle (SCHED_IDLE: the agent runs only "
+                   "where no other thread of the node wants the CPU, and preempts none of the job's; on a node "
+                   "with no idle CPU its window's samples come late or not at all); normal; low (nice 10); auto: "
+                   "idle where at least one of the node's CPUs was idle at start-up, else normal. See docs/cost.md.")
 @click.option("--probes", "only", default=None, help="Run only these probes (comma-separated).")
 @click.option("--skip", default=None, help="Do not run these probes (comma-separated).")
 @click.option("--deep", is_flag=True,
@@ -137,10 +131,9 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, window
             slurm_job: str | None = None, nodes: str | None = None, slurm_local: str | None = None,
             with_captures: bool = False, node_timeout: float | None = None) -> None:
     """Attach to a running training process and explain what holds its step back."""
-    if priority != "normal":
-        why = set_priority(priority)
-        if why:
-            app.progress(f"--priority {priority} not set ({why}); running at normal priority")
+    chooser = schedclass.Chooser(priority)
+    if priority != "auto":
+        _settle(app, chooser)
     from trainprobe.agent import cost
     cost.note_startup()            # this machine's speed now, for the plan (agent/cost.py)
     from trainprobe.agent import diagnosis
@@ -157,6 +150,7 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, window
         raise click.BadParameter("--windows applies to one process; a Slurm job is diagnosed in one window",
                                  param_hint="--windows")
     if slurm_local or slurm_job:
+        _settle(app, chooser)
         from trainprobe.agent.commands import slurm_job as sj
         if slurm_local:
             return sj.run_local(app, slurm_local, duration, rate, _names(only), _names(skip), deep, with_captures)
@@ -172,7 +166,8 @@ def command(app: App, pid: int | None, duration: float, rate: int | None, window
             app.progress(f"window {i + 1} of {windows}")
         try:
             d = diagnosis.run(pid, duration_s=duration, rate_hz=rate, only=_names(only), skip=_names(skip),
-                              native=native, root=app.root, progress=app.progress, deep=deep)
+                              native=native, root=app.root, progress=app.progress, deep=deep,
+                              settle=lambda: _settle(app, chooser))
         except UserError as exc:
             if not seen:
                 raise app.fail(str(exc), exc.exit_code) from None

@@ -2,6 +2,7 @@
 real job, and the job itself keeps its own."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -9,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from trainprobe.agent.commands.diagnose import LOW_NICE, set_priority
+from trainprobe.agent.schedclass import AUTO_FREE_CPUS, LOW_NICE, apply as set_priority
 from tests.helpers import PY, REPO, start_workload
 
 
@@ -31,7 +32,7 @@ def _watch_tree(proc: subprocess.Popen, seconds: float) -> dict[int, tuple[str, 
     return seen
 
 
-@pytest.mark.parametrize("level", ["idle", "low"])
+@pytest.mark.parametrize("level", ["idle", "low", "auto"])
 def test_the_agent_and_its_probe_children_run_in_the_class_asked_for(level):
     job = start_workload("--seconds", "40", "--num-workers", "0")
     try:
@@ -42,12 +43,21 @@ def test_the_agent_and_its_probe_children_run_in_the_class_asked_for(level):
         seen = _watch_tree(agent, 60)
         out, err = agent.communicate(timeout=60)
         assert agent.returncode == 0, err
+        decided = json.loads(out)["overhead"]["scheduling_class"]
+        assert decided["asked"] == level
+        if level == "auto":
+            # the class auto chose from the node's idle CPUs is the one the whole tree ran in
+            assert decided["class"] in ("idle", "normal") and decided["free_cpus"] is not None, decided
+            assert (decided["class"] == "idle") == (decided["free_cpus"] >= AUTO_FREE_CPUS), decided
+            level = decided["class"]
         assert any(name.startswith("py-spy") for name, _, _ in seen.values()), seen      # a probe child was seen
         for pid, (name, policy, nice) in seen.items():
             if level == "idle":
                 assert policy == os.SCHED_IDLE, (name, policy)
-            else:
+            elif level == "low":
                 assert policy == os.SCHED_OTHER and nice >= LOW_NICE, (name, policy, nice)
+            else:
+                assert policy == os.SCHED_OTHER, (name, policy, nice)
         # the watched job is left as it was
         assert (os.sched_getscheduler(job.pid), os.getpriority(os.PRIO_PROCESS, job.pid)) == before
         assert "not set" not in err
@@ -57,7 +67,7 @@ def test_the_agent_and_its_probe_children_run_in_the_class_asked_for(level):
 
 def test_set_priority_applies_to_threads_started_after_it():
     code = ("import os, threading\n"
-            "from trainprobe.agent.commands.diagnose import set_priority\n"
+            "from trainprobe.agent.schedclass import apply as set_priority\n"
             "assert set_priority('idle') is None\n"
             "r = []\n"
             "t = threading.Thread(target=lambda: r.append(os.sched_getscheduler(0))); t.start(); t.join()\n"

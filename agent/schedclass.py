@@ -1,0 +1,188 @@
+"""The agent's CPU scheduling class, chosen from the node's free CPUs (`diagnose --priority auto`).
+
+In SCHED_IDLE the agent and its probe children run only on a CPU no other thread wants, so they never
+preempt the job (docs/cost.md: on the H100 job without workers, 5 involuntary switches of the loop a
+step at normal priority, 0.7 in SCHED_IDLE). On a node whose CPUs the job fills, an idle-class agent
+gets its samples late or not at all. `auto` reads the node's idle time (/proc/stat, the CPUs the agent
+may run on) over the agent's own start-up and takes SCHED_IDLE only where at least AUTO_FREE_CPUS of
+them were idle, not counting the agent's own use; else normal. Where the job's use grows after that
+and the agent's main thread waits LATE_S for a CPU in one turn of the window's loop (/proc/self/schedstat),
+auto puts the agent and its probe children back at normal priority (`Guard`).
+
+Linux sets the class per thread, and a thread or child inherits it at creation: the choice is applied
+before the diagnosis starts any thread or probe child."""
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass
+
+AUTO_FREE_CPUS = 1.0        # idle CPUs, on average over the reading, for SCHED_IDLE
+MIN_GAP_S = 0.25            # the two readings at least this far apart (USER_HZ ticks: 10 ms a CPU)
+LATE_S = 0.05               # auto's idle agent waited this long for a CPU in one turn of the window: back to normal
+LEVELS = ("auto", "normal", "low", "idle")
+LOW_NICE = 10
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """Idle and total ticks of the CPUs the agent may run on, when, and the agent's own CPU then."""
+    mono: float
+    idle: int
+    total: int
+    cpus: int
+    self_cpu_s: float
+
+
+def _self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def read_cpus(stat_text: str | None = None, allowed: set[int] | None = None) -> CpuReading | None:
+    """One reading of /proc/stat's per-CPU lines (idle = idle + iowait; steal is busy: the CPU is not
+    this guest's). None where it cannot be read."""
+    try:
+        if stat_text is None:
+            with open("/proc/stat") as f:
+                stat_text = f.read()
+        allowed = os.sched_getaffinity(0) if allowed is None else allowed
+    except OSError:
+        return None
+    idle = total = n = 0
+    for line in stat_text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or not name[3:].isdigit() or int(name[3:]) not in allowed:
+            continue
+        v = [int(x) for x in rest.split()[:8]]
+        if len(v) < 5:
+            continue
+        idle += v[3] + v[4]
+        total += sum(v)
+        n += 1
+    if not n:
+        return None
+    return CpuReading(time.monotonic(), idle, total, n, _self_cpu_s())
+
+
+def free_cpus(before: CpuReading, after: CpuReading) -> float | None:
+    """CPUs idle on average between the readings, the agent's own CPU time counted as idle (it is the
+    agent's to give). None where the readings are too close or do not match."""
+    ticks = after.total - before.total
+    if before.cpus != after.cpus or ticks <= 0:
+        return None
+    idle_share = (after.idle - before.idle) / ticks
+    wall = after.mono - before.mono
+    own = max(0.0, after.self_cpu_s - before.self_cpu_s) / wall if wall > 0 else 0.0
+    return round(min(float(after.cpus), idle_share * after.cpus + own), 2)
+
+
+def apply(level: str) -> str | None:
+    """Put the calling thread (and every thread and child started after it) in `level`'s class; None
+    when done, else why not."""
+    try:
+        if level == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif level == "low":
+            os.setpriority(os.PRIO_PROCESS, 0, max(LOW_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
+    except (OSError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def choose(free: float | None) -> tuple[str, str]:
+    """auto's class for `free` idle CPUs, and why."""
+    if free is None:
+        return "normal", "the node's idle CPUs could not be read"
+    if free >= AUTO_FREE_CPUS:
+        return "idle", (f"{free:.2f} CPUs were idle at start-up: the agent runs in SCHED_IDLE, on CPUs the job "
+                        f"does not want, and preempts none of its threads")
+    return "normal", (f"{free:.2f} CPUs were idle at start-up (SCHED_IDLE wants {AUTO_FREE_CPUS:g}): an idle-class "
+                      f"agent would get its samples late, so it runs at normal priority")
+
+
+class Chooser:
+    """Reads the node at the CLI's start (`begin`) and settles the class once (`settle`), before the
+    diagnosis starts any thread; later windows of the same command keep it."""
+
+    def __init__(self, level: str):
+        self.level = level
+        self.before = read_cpus() if level == "auto" else None
+        self.decision: dict | None = None
+
+    def settle(self) -> dict:
+        if self.decision is not None:
+            return self.decision
+        level, why, free = self.level, None, None
+        if level == "auto":
+            if self.before is not None:
+                wait = MIN_GAP_S - (time.monotonic() - self.before.mono)
+                if wait > 0:
+                    time.sleep(wait)
+                after = read_cpus()
+                free = free_cpus(self.before, after) if after is not None else None
+            level, why = choose(free)
+        error = None
+        if level != "normal":
+            if threading.active_count() > 1:
+                error = "threads already running"
+            else:
+                error = apply(level)
+        self.decision = {"asked": self.level, "class": "normal" if error else level,
+                         "free_cpus": free, "why": why}
+        if error:
+            self.decision["not_set"] = f"{level} not set ({error})"
+        return self.decision
+
+
+def run_delay_s(pid: int | str = "self") -> float | None:
+    """The thread's time spent runnable but waiting for a CPU, from /proc/PID/schedstat."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def promote(pids: list[int]) -> int:
+    """Every thread of `pids` back to SCHED_OTHER; how many were moved."""
+    moved = 0
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, ValueError):
+            continue
+        for tid in tids:
+            try:
+                if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    moved += 1
+            except OSError:
+                pass
+    return moved
+
+
+class Guard:
+    """auto's SCHED_IDLE, undone where the agent starves: called once a turn of the window's loop."""
+
+    def __init__(self, decision: dict):
+        self.decision = decision
+        self.active = decision.get("asked") == "auto" and decision.get("class") == "idle"
+        self.last = run_delay_s() if self.active else None
+        self.active = self.active and self.last is not None
+
+    def tick(self, child_pids: list[int]) -> None:
+        if not self.active:
+            return
+        now = run_delay_s()
+        if now is None:
+            return
+        waited, self.last = now - self.last, now
+        if waited >= LATE_S:
+            moved = promote([os.getpid(), *child_pids])
+            self.active = False
+            self.decision["class"] = "normal"
+            self.decision["promoted"] = (f"the agent waited {waited * 1e3:.0f} ms for a CPU in one turn of the "
+                                         f"window: the job's use grew; {moved} threads back at normal priority")
