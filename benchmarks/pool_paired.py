@@ -26,7 +26,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--as-is", action="store_true", help="only runs of the job as it is (no --job-env, --job-cmd)")
-    ap.add_argument("--arm", default="default")
+    ap.add_argument("--arm", default="default",
+                    help="the arm pooled; several, comma-separated, each a run of its own (e.g. default,auto: "
+                         "the agent as it shipped before and after auto became the default)")
     a = ap.parse_args()
     per: dict[str, list[tuple[int, float, float]]] = {"steps/s": [], "duty": [], "work_rate": []}
     for p in a.files:
@@ -34,10 +36,11 @@ def main() -> int:
         if a.as_is and not as_is(d):
             continue
         for case in d.get("cases") or []:
-            arm = (case.get("arms") or {}).get(a.arm)
+          for arm_name in a.arm.split(","):
+            arm = (case.get("arms") or {}).get(arm_name.strip())
             if not arm:
                 continue
-            line = [f"{p.name} [{case.get('case')}]"]
+            line = [f"{p.name} [{case.get('case')}, {arm_name.strip()}]"]
             for name in per:
                 f = factor(arm, name)
                 if f is not None:
