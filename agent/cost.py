@@ -197,6 +197,13 @@ def startup_speed() -> float | None:
     return _startup[0][0] / AGENT_START_NOMINAL_CPU_S
 
 
+def _speed_of(pr: Probe, speed: float) -> float:
+    """The machine's speed factor as it applies to `pr`: its native children's share keeps the models'
+    figure (py-spy is not the interpreter whose start-up measured `speed`)."""
+    share = min(1.0, max(0.0, float(getattr(pr, "native_share", 0.0) or 0.0)))
+    return share + (1.0 - share) * speed
+
+
 def _scaled(c: ProbeCost, speed: float) -> ProbeCost:
     if speed == 1.0:
         return c
@@ -265,7 +272,8 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
 
     With `enforce` False (an explicit --rate, or --probes) the probes keep their settings and the
     plan only states what they are expected to cost. Every figure is scaled by `speed` (default
-    `machine_speed()`): an adjustable probe is fitted to its share divided by it.
+    `machine_speed()`), a probe's native children's share excepted (`_speed_of`): an adjustable probe
+    is fitted to its share divided by that.
     """
     total, basis = budget_cpu_s(job, spec.window_s)
     sp, sp_basis = speed if speed is not None else machine_speed()
@@ -279,34 +287,35 @@ def plan(spec: WatchSpec, probes: list[Probe], job: JobShape, enforce: bool = Tr
         probes = [pr for pr in probes if pr.name not in p.skipped]
     fixed = [pr for pr in probes if not pr.adjustable]
     for pr in fixed:
-        p.probes[pr.name] = _scaled(_estimate(pr, spec, job), sp)
+        p.probes[pr.name] = _scaled(_estimate(pr, spec, job), _speed_of(pr, sp))
     left = PLAN_MARGIN * total - p.planned_cpu_s
     adjustable = sorted((pr for pr in probes if pr.adjustable), key=lambda pr: pr.budget_priority)
     for i, pr in enumerate(adjustable):
+        f = _speed_of(pr, sp)
         if not enforce:
-            p.probes[pr.name] = _scaled(_estimate(pr, spec, job), sp)
+            p.probes[pr.name] = _scaled(_estimate(pr, spec, job), f)
             continue
         # Each adjustable probe may take what is left, less a minimum kept for those after it.
         reserve = sum(getattr(q, "min_cost_cpu_s", 0.0) for q in adjustable[i + 1:])
-        cost = _fit(pr, spec, job, max(0.0, left - reserve * sp) / sp)
+        cost = _fit(pr, spec, job, max(0.0, left - reserve * sp) / f)
         if cost is None and i == 0 and hasattr(pr, "min_cost"):
             # The first adjustable probe (the training thread's stacks) is the diagnosis: it runs at
             # its minimum even when the budget is spent (short windows), and the plan says so,
             # unless that minimum is out of all proportion to the budget (a process of many threads).
-            least = pr.min_cost(spec.window_s, job.threads, job.direct_children, job.busy_threads, job.ranks) * sp
+            least = pr.min_cost(spec.window_s, job.threads, job.direct_children, job.busy_threads, job.ranks) * f
             if least > MAX_MINIMUM_OVER_BUDGET * total and least > MAX_MINIMUM_CORES * spec.window_s:
                 p.skipped[pr.name] = (f"its least sampling of a process of {job.threads} threads would cost "
                                       f"{least:.2f} CPU-s ({least / spec.window_s:.1f} cores), over {MAX_MINIMUM_OVER_BUDGET:g}x the agent's CPU budget "
                                       f"({total:.2f} CPU-s: {basis}); `--rate N` runs it anyway")
                 continue
-            cost = _fit(pr, spec, job, least / sp)
+            cost = _fit(pr, spec, job, least / f)
             if cost is not None:
                 p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         if cost is None:
             p.skipped[pr.name] = (f"does not fit the agent's CPU budget ({total:.2f} CPU-s: {basis}); "
                                   f"{max(0.0, left):.2f} CPU-s were left for it")
             continue
-        cost = _scaled(cost, sp)
+        cost = _scaled(cost, f)
         if cost.cpu_s > max(0.0, left) + 1e-6 and not p.over_budget:
             p.over_budget = f"{pr.name} kept at its minimum although the budget was spent"
         p.probes[pr.name] = cost

@@ -418,6 +418,11 @@ def cpu_jobs() -> list[PublicJob]:
                   "every epoch of 4 steps, a test pass and a checkpoint after each",
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   longest=60.0),
+        PublicJob("lightning-transformer-cpu", "cpu", PL, f"{PL_BASICS}/transformer.py", [],
+                  "Lightning's basics/transformer.py (L.Trainer, the demos' Transformer language model on "
+                  "WikiText2-shaped text, batch 20, a DataLoader without workers, gradient clipping), CPU",
+                  cwd=PL_BASICS, data=lambda w: make_wikitext_file(w / PL_BASICS / "data" / "wikitext-2.txt"),
+                  warmup=12.0),
         _pl_basics("lightning-backbone-cpu", "backbone_image_classifier.py", PL_BACKBONE, cpu=True),
         _pl_basics_ddp("lightning-backbone-cpu-ddp", "backbone_image_classifier.py", PL_BACKBONE),
         # The same job with rich installed (`pip install --target .public/site-rich rich`): Lightning's

@@ -472,6 +472,9 @@ class Probe:
     # them what is left of the budget, in this order, through `fit_budget`.
     adjustable: ClassVar[bool] = False
     budget_priority: ClassVar[int] = 100
+    # The share of the probe's cost spent in native children (py-spy, not Python): the CLI's start-up
+    # gauges the interpreter's speed, so the plan scales only the rest by it (agent/cost.py).
+    native_share: ClassVar[float] = 0.0
     # The TypedDict (probes/schema.py) of what `parse` returns: tests check every replayed capture
     # against it, and evidence read back from JSON gets its declared key types from it.
     evidence_schema: ClassVar[Any] = None

@@ -242,6 +242,9 @@ class PySpyProbe(Probe):
     evidence_schema = PySpyEvidence
     adjustable = True
     budget_priority = 10          # the training thread's stacks come first
+    # py-spy's own process, of the probe's CPU: 0.75 on the 2-CPU VM, 0.80-0.87 on an H100 node
+    # (docs/cost.md); its thread and the parse of its output are the interpreter's.
+    native_share = 0.8
     min_cost_cpu_s = PYSPY_FIXED_CPU_S + MIN_MAIN_RATE_HZ * 10 * SAMPLE_CPU_S + gil_sampler_cost(gil_rate(10, MIN_GIL_SAMPLES), 10)
 
     def check(self, spec: WatchSpec) -> Availability:

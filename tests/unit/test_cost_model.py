@@ -115,6 +115,26 @@ def test_a_spent_budget_keeps_the_training_thread_at_its_least_rate_when_no_gil_
     assert f"at {least} Hz" in p.probes["pyspy"].basis, p.probes["pyspy"].basis
 
 
+def test_the_speed_factor_scales_the_interpreters_share_of_a_probe_not_py_spys_own_process():
+    """The CLI's start-up gauges the interpreter: on an H100 node it read x1.27-1.38 and py-spy, priced
+    at that, measured 0.68-0.74 of its planned figure; py-spy's own process keeps the models' figure."""
+    from trainprobe.probes.process import ProcessProbe
+    spec = WatchSpec(pid=1, window_s=6.0, rate_hz=25)
+    job = JobShape(pid=1, processes=(1,), threads=20, busy_threads=2, cpu_capacity=16.0)
+    probes = [pyspy.PySpyProbe(), ProcessProbe()]
+    at1 = cost.plan(spec, probes, job, enforce=False, speed=(1.0, "x"))
+    at2 = cost.plan(spec, probes, job, enforce=False, speed=(2.0, "x"))
+    share = pyspy.PySpyProbe.native_share
+    assert 0.7 <= share <= 0.9
+    assert at2.probes["pyspy"].cpu_s == pytest.approx(at1.probes["pyspy"].cpu_s * (share + (1 - share) * 2.0))
+    assert at2.probes["process"].cpu_s == pytest.approx(at1.probes["process"].cpu_s * 2.0)
+    # where the budget is ample the fitted rate is the same at either speed, and only the price moves
+    fit1 = cost.plan(spec, [pyspy.PySpyProbe()], job, speed=(1.0, "x"))
+    fit2 = cost.plan(spec, [pyspy.PySpyProbe()], job, speed=(1.38, "x"))
+    assert fit1.probes["pyspy"].basis.split(";")[0] == fit2.probes["pyspy"].basis.split(";")[0]
+    assert fit2.probes["pyspy"].cpu_s == pytest.approx(fit1.probes["pyspy"].cpu_s * (share + (1 - share) * 1.38))
+
+
 # -- the plan's speed factor: a start-up that compiled bytecode is not a measure of speed ----------
 
 class _Spec:
