@@ -92,10 +92,41 @@ def apply(level: str) -> str | None:
     return None
 
 
-def choose(free: float | None) -> tuple[str, str]:
-    """auto's class for `free` idle CPUs, and why."""
+CAP_SYS_NICE = 23
+
+
+def _cap_eff() -> int:
+    """This process's effective capabilities (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        return next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
+
+
+def can_return() -> str | None:
+    """None where this process may leave SCHED_IDLE again (the Guard's way back), else why not: an
+    unprivileged thread may return to SCHED_OTHER only where RLIMIT_NICE allows its nice value
+    (sched(7)); root and CAP_SYS_NICE always may."""
+    try:
+        if os.geteuid() == 0:
+            return None
+        if _cap_eff() >> CAP_SYS_NICE & 1:
+            return None
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        if soft == resource.RLIM_INFINITY or nice >= 20 - soft:
+            return None
+        return (f"not root and RLIMIT_NICE {soft} does not let the agent leave SCHED_IDLE again "
+                f"(it would need {20 - nice})")
+    except (OSError, ValueError):
+        return "whether the agent could leave SCHED_IDLE again could not be read"
+
+
+def choose(free: float | None, back: str | None = None) -> tuple[str, str]:
+    """auto's class for `free` idle CPUs, and why; `back`: why the agent could not leave SCHED_IDLE
+    again (can_return), which keeps it at normal priority."""
     if free is None:
         return "normal", "the node's idle CPUs could not be read"
+    if back is not None and free >= AUTO_FREE_CPUS:
+        return "normal", f"{free:.2f} CPUs were idle at start-up, but {back}: the agent runs at normal priority"
     if free >= AUTO_FREE_CPUS:
         return "idle", (f"{free:.2f} CPUs were idle at start-up: the agent runs in SCHED_IDLE, on CPUs the job "
                         f"does not want, and preempts none of its threads")
@@ -123,7 +154,7 @@ class Chooser:
                     time.sleep(wait)
                 after = read_cpus()
                 free = free_cpus(self.before, after) if after is not None else None
-            level, why = choose(free)
+            level, why = choose(free, can_return() if free is not None and free >= AUTO_FREE_CPUS else None)
         error = None
         if level != "normal":
             if threading.active_count() > 1:

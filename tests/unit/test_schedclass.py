@@ -80,3 +80,22 @@ def test_the_text_report_says_the_class_and_why():
     assert "back to normal" in _class_bit({"asked": "auto", "class": "normal", "free_cpus": 2.0, "promoted": "x"})
     assert _class_bit({"asked": "low", "class": "low"}) == "; ran at nice 10 (low)"
     assert _class_bit(None) == ""
+
+
+def test_auto_keeps_normal_where_the_agent_could_not_leave_sched_idle_again(monkeypatch):
+    """An unprivileged agent may return to SCHED_OTHER only within RLIMIT_NICE (sched(7)): with the
+    default limit 0 it could not, so the guard could not undo SCHED_IDLE, and auto does not take it."""
+    import resource
+    monkeypatch.setattr(sc.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sc.os, "getpriority", lambda *a: 0)
+    monkeypatch.setattr(sc, "_cap_eff", lambda: 0)
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (0, 0))
+    back = sc.can_return()
+    assert back is not None and "RLIMIT_NICE 0" in back
+    cls, why = sc.choose(4.0, back)
+    assert cls == "normal" and "4.00 CPUs were idle" in why and "RLIMIT_NICE" in why
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (20, 20))
+    assert sc.can_return() is None
+    monkeypatch.setattr(sc.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (0, 0))
+    assert sc.can_return() is None
