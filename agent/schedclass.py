@@ -19,8 +19,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from trainprobe.probes.parsers import procfs
+
 AUTO_FREE_CPUS = 1.0        # idle CPUs, on average over the reading, for SCHED_IDLE
-MIN_GAP_S = 0.25            # the two readings at least this far apart (USER_HZ ticks: 10 ms a CPU)
+MIN_GAP_S = 0.25            # the two readings at least this far apart (/proc/stat counts 10 ms ticks a CPU)
 LATE_S = 0.05               # auto's idle agent waited this long for a CPU in one turn of the window: back to normal
 LEVELS = ("auto", "normal", "low", "idle")
 LOW_NICE = 10
@@ -28,10 +30,10 @@ LOW_NICE = 10
 
 @dataclass(frozen=True)
 class CpuReading:
-    """Idle and total ticks of the CPUs the agent may run on, when, and the agent's own CPU then."""
+    """Idle and total CPU-seconds of the CPUs the agent may run on, when, and the agent's own CPU then."""
     mono: float
-    idle: int
-    total: int
+    idle: float
+    total: float
     cpus: int
     self_cpu_s: float
 
@@ -42,38 +44,27 @@ def _self_cpu_s() -> float:
 
 
 def read_cpus(stat_text: str | None = None, allowed: set[int] | None = None) -> CpuReading | None:
-    """One reading of /proc/stat's per-CPU lines (idle = idle + iowait; steal is busy: the CPU is not
-    this guest's). None where it cannot be read."""
+    """One reading of /proc/stat's per-CPU lines (procfs.per_cpu_times: idle is idle + iowait; steal
+    is busy, the CPU is not this guest's), in CPU-seconds. None where it cannot be read."""
     try:
-        if stat_text is None:
-            with open("/proc/stat") as f:
-                stat_text = f.read()
+        stat_text = procfs.try_read_text("/", "proc/stat") if stat_text is None else stat_text
         allowed = os.sched_getaffinity(0) if allowed is None else allowed
     except OSError:
         return None
-    idle = total = n = 0
-    for line in stat_text.splitlines():
-        name, _, rest = line.partition(" ")
-        if not name.startswith("cpu") or name == "cpu" or not name[3:].isdigit() or int(name[3:]) not in allowed:
-            continue
-        v = [int(x) for x in rest.split()[:8]]
-        if len(v) < 5:
-            continue
-        idle += v[3] + v[4]
-        total += sum(v)
-        n += 1
-    if not n:
+    cpus = [t for c, t in procfs.per_cpu_times(stat_text or "").items() if c in allowed]
+    if not cpus:
         return None
-    return CpuReading(time.monotonic(), idle, total, n, _self_cpu_s())
+    return CpuReading(time.monotonic(), sum(t["idle"] for t in cpus),
+                      sum(t["run"] + t["idle"] + t["irq"] + t["steal"] for t in cpus), len(cpus), _self_cpu_s())
 
 
 def free_cpus(before: CpuReading, after: CpuReading) -> float | None:
     """CPUs idle on average between the readings, the agent's own CPU time counted as idle (it is the
     agent's to give). None where the readings are too close or do not match."""
-    ticks = after.total - before.total
-    if before.cpus != after.cpus or ticks <= 0:
+    spent = after.total - before.total
+    if before.cpus != after.cpus or spent <= 0:
         return None
-    idle_share = (after.idle - before.idle) / ticks
+    idle_share = (after.idle - before.idle) / spent
     wall = after.mono - before.mono
     own = max(0.0, after.self_cpu_s - before.self_cpu_s) / wall if wall > 0 else 0.0
     return round(min(float(after.cpus), idle_share * after.cpus + own), 2)
@@ -135,7 +126,7 @@ def choose(free: float | None, back: str | None = None) -> tuple[str, str]:
 
 
 class Chooser:
-    """Reads the node at the CLI's start (`begin`) and settles the class once (`settle`), before the
+    """Reads the node when made (the CLI's start) and settles the class once (`settle`), before the
     diagnosis starts any thread; later windows of the same command keep it."""
 
     def __init__(self, level: str):
@@ -169,12 +160,9 @@ class Chooser:
 
 
 def run_delay_s(pid: int | str = "self") -> float | None:
-    """The thread's time spent runnable but waiting for a CPU, from /proc/PID/schedstat."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
+    """The (main) thread's time spent runnable but waiting for a CPU, from /proc/PID/schedstat."""
+    ss = procfs.parse_schedstat(procfs.try_read_text("/", f"proc/{pid}/schedstat"))
+    return ss["wait_s"] if ss else None
 
 
 def promote(pids: list[int]) -> int:

@@ -332,22 +332,6 @@ def _cpu_lines(stat: str) -> str:
 
 # -- pure parsing ------------------------------------------------------------------------------------
 
-def per_cpu_times(text: str) -> dict[int, dict[str, float]]:
-    """/proc/stat's cpuN lines -> per CPU, seconds of user+nice+system (busy), idle+iowait, irq+softirq, steal."""
-    out: dict[int, dict[str, float]] = {}
-    tck = float(procfs.CLK_TCK)
-    for line in text.splitlines():
-        f = line.split()
-        if not f or not f[0].startswith("cpu") or f[0] == "cpu" or not f[0][3:].isdigit():
-            continue
-        v = [int(x) for x in f[1:]] + [0] * 10
-        user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice = v[:10]
-        # guest time is already inside user (the kernel adds it there): not counted twice.
-        out[int(f[0][3:])] = {"run": (user + nice + system) / tck, "idle": (idle + iowait) / tck,
-                              "irq": (irq + softirq) / tck, "steal": steal / tck}
-    return out
-
-
 def _estimate_on_job(row0: list[Any] | None, row1: list[Any], aff: str | None, job: set[int]) -> float:
     """CPU seconds of one outside process placed on the job's CPUs, by affinity overlap only
     (the capture's ranking; the parser refines it with the sampled last CPUs)."""
@@ -377,7 +361,7 @@ def parse_contention(d: dict[str, Any], stat0: str, stat1: str) -> dict[str, Any
     win = max(float(d["window_s"]), 1e-6)
     t_win = max(float(d.get("threads_window_s") or win), 1e-6)     # the job's threads' readings
     s_win = max(float(d.get("stat_window_s") or win), 1e-6)        # /proc/stat's
-    online = procfs.parse_cpulist(d.get("cpus_online")) or sorted(per_cpu_times(stat1))
+    online = procfs.parse_cpulist(d.get("cpus_online")) or sorted(procfs.per_cpu_times(stat1))
     job_aff = d.get("job_affinity") or {}
     job_cpus = sorted({c for a in job_aff.values() for c in procfs.parse_cpulist(a)}) or online
     job = set(job_cpus)
@@ -467,7 +451,7 @@ def parse_contention(d: dict[str, Any], stat0: str, stat1: str) -> dict[str, Any
     comp.sort(key=lambda c: -c["cpu_seconds_on_job_cpus"])
 
     # The exact total from /proc/stat: what ran on the job's CPUs that was not the job or the agent.
-    c0, c1 = per_cpu_times(stat0), per_cpu_times(stat1)
+    c0, c1 = procfs.per_cpu_times(stat0), procfs.per_cpu_times(stat1)
     per_cpu: dict[int, dict[str, float]] = {}
     for c in sorted(set(c0) & set(c1)):
         dt = {k: max(0.0, c1[c][k] - c0[c][k]) for k in ("run", "idle", "irq", "steal")}

@@ -159,6 +159,22 @@ def parse_status(text: str) -> dict[str, str]:
     return out
 
 
+def per_cpu_times(text: str) -> dict[int, dict[str, float]]:
+    """/proc/stat's cpuN lines -> per CPU, seconds of user+nice+system (busy), idle+iowait, irq+softirq, steal."""
+    out: dict[int, dict[str, float]] = {}
+    tck = float(CLK_TCK)
+    for line in text.splitlines():
+        f = line.split()
+        if not f or not f[0].startswith("cpu") or f[0] == "cpu" or not f[0][3:].isdigit():
+            continue
+        v = [int(x) for x in f[1:]] + [0] * 10
+        user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice = v[:10]
+        # guest time is already inside user (the kernel adds it there): not counted twice.
+        out[int(f[0][3:])] = {"run": (user + nice + system) / tck, "idle": (idle + iowait) / tck,
+                              "irq": (irq + softirq) / tck, "steal": steal / tck}
+    return out
+
+
 @parser("/proc parse_schedstat")
 def parse_schedstat(text: str | None) -> dict[str, float] | None:
     """/proc/PID/task/TID/schedstat: on-CPU ns, run-queue wait ns, timeslices."""

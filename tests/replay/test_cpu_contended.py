@@ -23,7 +23,8 @@ from trainprobe.agent.rules import run_rules
 from trainprobe.agent.rules.cpu_contended import gain_if_leave
 from trainprobe.probes import schema
 from trainprobe.probes.base import Capture
-from trainprobe.probes.contention import ContentionProbe, _place, per_cpu_times
+from trainprobe.probes.contention import ContentionProbe, _place
+from trainprobe.probes.parsers.procfs import per_cpu_times
 from tests.helpers import DATA, run_cli
 
 CONTENTION = DATA / "contention"
