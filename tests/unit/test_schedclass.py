@@ -53,20 +53,24 @@ def test_auto_takes_sched_idle_only_with_a_whole_cpu_free(free, cls):
     assert got == cls and f"{free:.2f} CPUs" in why
 
 
-def test_the_guard_promotes_once_when_the_agent_waits_for_a_cpu(monkeypatch):
-    delays = iter([1.000, 1.010, 1.030, 1.100, 1.500])
+def test_the_guard_promotes_once_when_the_agent_and_its_probes_wait_for_a_cpu(monkeypatch):
+    """The waits of the agent's threads and of its probe children add up, turn by turn; a child first
+    seen in a turn counts from its first reading."""
+    series = {"self": iter([1.000, 1.010, 1.030, 1.060, 1.500]), 11: iter([5.0, 5.01, 5.03, 5.09, 9.0]),
+              12: iter([7.0, 7.5])}
     moved: list[list[int]] = []
-    monkeypatch.setattr(sc, "run_delay_s", lambda pid="self": next(delays))
+    monkeypatch.setattr(sc, "run_delay_s", lambda pids: next(series[pids[0]]))
     monkeypatch.setattr(sc, "promote", lambda pids: moved.append(pids) or 3)
     d = {"asked": "auto", "class": "idle", "free_cpus": 4.0, "why": "x"}
     g = sc.Guard(d)
-    g.tick([11])                  # waited 10 ms
-    g.tick([11])                  # 20 ms
+    g.tick([11])                  # the first readings
+    g.tick([11])                  # 10 + 10 ms
+    g.tick([11, 12])              # 20 + 20 ms, and 12 first seen
     assert not moved
-    g.tick([11, 12])              # 70 ms: back to normal
+    g.tick([11, 12])              # 30 + 60 + 500 ms: back to normal
     g.tick([11, 12])              # once only
     assert len(moved) == 1 and moved[0][1:] == [11, 12]
-    assert d["class"] == "normal" and "70 ms" in d["promoted"]
+    assert d["class"] == "normal" and "590 ms" in d["promoted"]
 
 
 def test_the_guard_leaves_a_class_the_user_asked_for():
