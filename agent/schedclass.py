@@ -161,20 +161,16 @@ class Chooser:
         return self.decision
 
 
-def run_delay_s(pids: list[int | str] = ("self",)) -> float | None:
-    """Time the threads of `pids` spent runnable but waiting for a CPU (their /proc/PID/task/*/schedstat,
+def run_delay_s(pid: int | str) -> float | None:
+    """Time the threads of `pid` spent runnable but waiting for a CPU (its /proc/PID/task/*/schedstat,
     summed); None where none could be read."""
-    total, seen = 0.0, False
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            ss = procfs.parse_schedstat(procfs.try_read_text("/", f"proc/{pid}/task/{tid}/schedstat"))
-            if ss:
-                total, seen = total + ss["wait_s"], True
-    return total if seen else None
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    waits = [ss["wait_s"] for ss in (procfs.parse_schedstat(procfs.try_read_text("/", f"proc/{pid}/task/{t}/schedstat"))
+                                     for t in tids) if ss]
+    return sum(waits) if waits else None
 
 
 def promote(pids: list[int]) -> int:
@@ -208,7 +204,7 @@ class Guard:
     def _waits(self, child_pids: list[int]) -> dict[int | str, float]:
         out: dict[int | str, float] = {}
         for pid in ["self", *child_pids]:
-            w = run_delay_s([pid])
+            w = run_delay_s(pid)
             if w is not None:
                 out[pid] = w
         return out

@@ -133,7 +133,7 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
             time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
             rss.sample()
             if tick is not None:
-                tick([p for r in list(recorders.values()) for p in r.live_children()])
+                tick(_live_children(recorders))
             if target_alive is not None and not target_alive():
                 progress(f"target PID {spec.pid} exited during the window; reporting what was gathered")
                 stop.set()
@@ -174,6 +174,11 @@ def run_session(spec: WatchSpec, probes: list[Probe], progress: Progress = stder
     )
 
 
+def _live_children(recorders: dict[str, Recorder]) -> list[int]:
+    """Every live child of every probe."""
+    return [p for r in list(recorders.values()) for p in r.live_children()]
+
+
 class _TreeRss:
     """The agent tree's resident memory (this process plus every live child of every probe), read
     from /proc every 0.3 s of the window and while the probes finish: rusage cannot give it (a child's ru_maxrss includes the
@@ -189,7 +194,7 @@ class _TreeRss:
         if now < self._next:
             return
         self._next = now + 0.25     # once per turn of the window's 0.3 s loop, at most every 0.25 s while joining
-        pids = [os.getpid()] + [p for r in list(self.recorders.values()) for p in r.live_children()]
+        pids = [os.getpid()] + _live_children(self.recorders)
         total = 0.0
         for pid in pids:
             try:

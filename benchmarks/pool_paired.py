@@ -31,22 +31,23 @@ def main() -> int:
                          "the agent as it shipped before and after auto became the default)")
     a = ap.parse_args()
     per: dict[str, list[tuple[int, float, float]]] = {"steps/s": [], "duty": [], "work_rate": []}
+    arm_names = [x.strip() for x in a.arm.split(",") if x.strip()]
     for p in a.files:
         d = load(p)
         if a.as_is and not as_is(d):
             continue
         for case in d.get("cases") or []:
-          for arm_name in a.arm.split(","):
-            arm = (case.get("arms") or {}).get(arm_name.strip())
-            if not arm:
-                continue
-            line = [f"{p.name} [{case.get('case')}, {arm_name.strip()}]"]
-            for name in per:
-                f = factor(arm, name)
-                if f is not None:
-                    per[name].append(f)
-                    line.append(f"{name} {f[1]:.4f} (n {f[0]}, sd of log {f[2]:.3f})")
-            print("  ".join(line))
+            for arm_name in arm_names:
+                arm = (case.get("arms") or {}).get(arm_name)
+                if not arm:
+                    continue
+                line = [f"{p.name} [{case.get('case')}, {arm_name}]"]
+                for name in per:
+                    f = factor(arm, name)
+                    if f is not None:
+                        per[name].append(f)
+                        line.append(f"{name} {f[1]:.4f} (n {f[0]}, sd of log {f[2]:.3f})")
+                print("  ".join(line))
     for name, runs in per.items():
         if not runs:
             continue

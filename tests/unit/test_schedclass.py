@@ -59,7 +59,7 @@ def test_the_guard_promotes_once_when_the_agent_and_its_probes_wait_for_a_cpu(mo
     series = {"self": iter([1.000, 1.010, 1.030, 1.060, 1.500]), 11: iter([5.0, 5.01, 5.03, 5.09, 9.0]),
               12: iter([7.0, 7.5])}
     moved: list[list[int]] = []
-    monkeypatch.setattr(sc, "run_delay_s", lambda pids: next(series[pids[0]]))
+    monkeypatch.setattr(sc, "run_delay_s", lambda pid: next(series[pid]))
     monkeypatch.setattr(sc, "promote", lambda pids: moved.append(pids) or 3)
     d = {"asked": "auto", "class": "idle", "free_cpus": 4.0, "why": "x"}
     g = sc.Guard(d)
