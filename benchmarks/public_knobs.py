@@ -134,7 +134,8 @@ def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
             "gil_claimed": any(x["id"] == "gil.contention" for x in fs),
             "max_speedup": max((x["expected_speedup"] for x in fs if x["id"] != "compute.bound"), default=1.0),
             "applied": entries, "before": res["base_rates"], "injected_log_before": [],
-            "status": "measured" if entries else "no fix printed", "seconds": res.get("wall_s"),
+            "status": ("measured" if entries else "no fix printed" if listed is None
+                       else "its printed fix was not among the arms"), "seconds": res.get("wall_s"),
             "gpu": res["machine"].get("gpu"),
             "when": res["when"], "machine": res["machine"],
             "measured_by": re.sub(r"--out \S+", "--out DIR", res["command"]),

@@ -457,6 +457,12 @@ def cpu_jobs() -> list[PublicJob]:
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
                   "pin_memory", cwd="projects/chargpt", data=lambda w: make_text(w / "projects" / "chargpt"),
                   pythonpath=(".",)),
+        PublicJob("mingpt-adder-cpu", "cpu", MINGPT, "projects/adder/adder.py", ["--data.ndigit=3"],
+                  "minGPT's adder (gpt-nano learning 3-digit addition from an in-memory data set), CPU: its "
+                  "Trainer's DataLoader with 4 workers, pin_memory; every 500 steps it scores the model on 5 "
+                  "batches of the training set and the 500 test problems by greedy generation (a loader without "
+                  "workers)",
+                  cwd="projects/adder", pythonpath=(".",), warmup=8.0, longest=60.0),
     ]
 
 

@@ -184,8 +184,7 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
         return _spin_gain(ld, nt, spin)
     m = step_model.process_model(ev)
     n_after = nt["n_main"] if len(ld["team"]) > nt["n_main"] else None
-    fewer = (ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"]
-             and (f_data is None or f_data < 0.10))
+    fewer = _fewer_workers(ld, nt, f_data)
     ch = Change(intra_threads=n_after, workers=nt["n_workers_cap"] if fewer else None, runq_removed=True)
     step = m.after(ch) if m is not None else None
     if step is None or (worker_hit and f_data is not None and worker_gain > step.speedup):
@@ -359,9 +358,7 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
         fixes.append(Fix(f"One thread per DataLoader worker ({nt['worker_threads']} busy in one worker now)",
                          change="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1))",
                          knobs={"worker_threads": 1}))
-    # Fewer workers only when the loop does not wait on them: the ledger measured 0.21x when 3 busy
-    # workers feeding a loop that waited on data were cut to 1.
-    if ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"] and (f_data is None or f_data < 0.10):
+    if _fewer_workers(ld, nt, f_data):
         fixes.append(Fix(f"Fewer DataLoader workers: {nt['n_workers_cap']} fit beside the loop on {nt['p_free']} "
                          "free CPUs", change=f"DataLoader(..., num_workers={nt['n_workers_cap']})",
                          knobs={"num_workers": nt["n_workers_cap"]}))
@@ -372,11 +369,14 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
                                 f"its own (taskset -a -cp CPUS {int(proc['pid'])}, or a cgroup cpuset) sized to its "
                                 f"{max(1, math.ceil(ld['demand'] - 0.05))} runnable threads",
                          knobs={"other_processes_on_job_cpus": False}))
-    if not fixes:
-        fixes.append(Fix(f"Keep runnable threads within the {p_cpus:.3g} CPUs",
-                         change=f"torch.set_num_threads({n_main})",
-                         command=f"OMP_NUM_THREADS={n_main} {cmd}", knobs={"intra_op_threads": n_main}))
     return fixes
+
+
+def _fewer_workers(ld: dict[str, Any], nt: dict[str, int], f_data: float | None) -> bool:
+    """Fewer DataLoader workers is a fix only where there are more than fit beside the loop and the
+    loop does not wait on them: the ledger measured 0.21x when 3 busy workers feeding a loop that
+    waited on data were cut to 1."""
+    return bool(ld["worker_pids"]) and len(ld["worker_pids"]) > nt["n_workers_cap"] and (f_data is None or f_data < 0.10)
 
 
 @rule("cpu.oversubscribed", requires=("process",), uses=("sched", "pyspy", "contention"),
@@ -410,7 +410,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
         return None
     nt = _thread_numbers(proc, rows, ld, p_cpus, others)
     spin = ld.get("spin")
-    fewer_workers = bool(ld["worker_pids"]) and len(ld["worker_pids"]) > nt["n_workers_cap"]
+    fewer_workers = _fewer_workers(ld, nt, f_data)
     if (spin is not None and spin["team"] <= nt["n_main"] and not worker_hit and nt["worker_threads"] <= 1
             and not fewer_workers):
         # The ranks' busy threads beyond the cap are not intra-op threads (none ran the OpenMP runtime:
@@ -420,13 +420,26 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
                 f"at most {spin['team']} intra-op thread{'s' if spin['team'] != 1 else ''} (CPU-clock samples): "
                 "the others are not the job's thread settings' to remove")
         return None
+    sm = step_model.process_model(ev)
+    fixes = _fixes(ev, ld, nt, p_cpus, others, f_data, sm)
+    if not fixes:
+        # No setting of the job lowers its runnable threads: its intra-op team already fits the CPUs,
+        # and the threads beyond them are workers the loop waits on (or not the job's to set). A cap
+        # at today's team would change nothing (minGPT's adder on 2 CPUs: "torch.set_num_threads(2)"
+        # on a team of 2 was rated 1.14x and measured 1.00x).
+        why = (f"; fewer DataLoader workers would starve a loop that waits on them {pct(f_data)} of the time"
+               if ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"] else "")
+        ev.note(f"{len(ld['busy'])} busy threads on {p_cpus:.3g} CPUs ({ld['demand']:.2f} runnable on average), but "
+                f"the training process already runs no more than {nt['n_main']} intra-op "
+                f"thread{'s' if nt['n_main'] != 1 else ''}{why}: no thread or worker setting of the job removes "
+                "the rest")
+        return None
     facts = _facts(ld, source, p_cpus, others, f_data)
     q = min(1.0, job_cores / p_cpus) if p_cpus else 1.0
     speedup, interval, bound, model = _gain(ev, ld, nt, source, worker_hit, f_data)
     # The probes cannot tell a thread spinning in its wait from one doing useful work: the loop's
     # gain from a cap rests on an inference (switch rates), so it is low confidence.
     conf = "medium" if not model else "low"
-    sm = step_model.process_model(ev)
     if model:
         facts.append(Fact(src_of(source), "involuntary context switches per second per core the busy threads held "
                                           "(a thread preempted while it spins or computes)",
@@ -437,7 +450,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
     who = (f"the training thread waits for a CPU {pct(ld['r_train'])} of the time" if loop_hit else
            f"the DataLoader workers wait for a CPU {pct(ld['r_workers'])} of the time")
     return Finding("cpu.oversubscribed", f"{len(ld['busy'])} busy threads share {p_cpus:.3g} CPUs: {who}", speedup,
-                   bound, conf, facts, _fixes(ev, ld, nt, p_cpus, others, f_data, sm), risk="low",
+                   bound, conf, facts, fixes, risk="low",
                    interval=interval,
                    details={"source": source, "cpus_available": p_cpus, "busy_threads": len(ld["busy"]),
                             "demand": round(ld["demand"], 3), "runq_share_training": round(ld["r_train"], 4),

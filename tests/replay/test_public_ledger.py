@@ -166,11 +166,11 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
     assert not {c for c, _, _ in worth} & (set(NO_GAIN_YET) - OPEN_MISSES)
 
 
-@pytest.mark.xfail(reason="the targets are not met on every public run (2026-12-07, twenty-first round: "
-                          "timm's train.py on 2 CPUs at six settings joined and a thread cap alone is priced at the "
-                          "team's CPU-clock samples; 111 of 132 before): with the calibration as it ships, 116 "
-                          "of 138 runs within 0.8-1.25 (84%, the target 90%; median |log| 0.083, median ratio "
-                          "1.00, 134 of 138 covered). Outside: mnist_rnn on 2 CPUs, whose fix "
+@pytest.mark.xfail(reason="the targets are not met on every public run (2026-12-07, twenty-third round: "
+                          "minGPT's adder on 2 CPUs joined, two runs, and fewer workers that keep up no longer priced as "
+                          "the loop's wait; 116 of 138 before): with the calibration as it ships, 118 "
+                          "of 140 runs within 0.8-1.25 (84%, the target 90%; median |log| 0.080, median ratio "
+                          "1.00, 136 of 140 covered). Outside: mnist_rnn on 2 CPUs, whose fix "
                           "measured 1.28-1.55x in every run, rated below it (its measured abstentions), MNIST "
                           "on 2 CPUs (1.27; 1.67 where its fix, rated at the contract's 1.0x floor, measured 0.60x), "
                           "timm's resnet18 at 64 px on 2 CPUs (1.41: its cap rated at the floor, 0.72x in the "
@@ -183,8 +183,8 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
                           "ImageNet on JPEGs (0.57: a validation pass in the window) and MNIST on the GPU (0.75: py-spy's "
                           "share of the wait at 6 ms steps). mnist_hogwild on 16 CPUs (its cap to 8 threads a process "
                           "measured 32.98x) and its fourth and fifth 2-CPU runs (5.32x for 2.67x, 4.37x for 21.56x: a job "
-                          "in two regimes before the fix). Held out, each job once, 36 of 41; by the derivation's own "
-                          "figure where it is below the floor, 38 of 41 (docs/ledger.md)",
+                          "in two regimes before the fix). Held out, each job once, 37 of 42; by the derivation's own "
+                          "figure where it is below the floor, 39 of 42 (docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
@@ -245,3 +245,23 @@ def test_a_worker_that_queues_counts_as_busy_so_the_fix_changes_something():
     assert f["details"]["proposed_intra_op_threads"] == 1
     assert any(x.get("knobs", {}).get("intra_op_threads") == 1 for x in f["fixes"]), f["fixes"]
     assert f["expected_speedup"] == 1.0
+
+
+def _row(job):
+    return next(p.values[0] for p in ROWS if p.values[0]["job"] == job)
+
+
+def test_fewer_workers_that_keep_up_are_not_priced_as_the_loops_wait():
+    """minGPT's adder on 2 CPUs: 4 workers beside a team of 2 intra-op threads, the loop waiting on
+    them 10% of the window. Cutting them to 1 hands no batch over sooner, so the wait stays in the
+    step: the second run's window printed 1.14x for it (the first run measured the same fix at
+    1.01x); the figure is now about the context switches it saves. In the third run's window the loop
+    waited 11% and fewer workers were no fix; the rule then printed `torch.set_num_threads(2)` on a
+    team of 2 (1.14x printed, 1.00x measured): a cap that changes nothing is no finding."""
+    fs = {f["id"]: f for f in replay(_row("mingpt-adder-cpu-r2"))["findings"]}
+    f = fs["cpu.oversubscribed"]
+    assert f["fixes"][0]["knobs"] == {"num_workers": 1}
+    assert 1.0 <= f["expected_speedup"] < 1.06
+    third = replay(_row("mingpt-adder-cpu-r3"))
+    assert "cpu.oversubscribed" not in {f["id"] for f in third["findings"]}
+    assert any("no thread or worker setting of the job removes the rest" in n for n in third.get("notes", []))
