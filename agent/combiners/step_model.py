@@ -612,8 +612,7 @@ class StepModel:
             # Fewer workers alone (no thread cap beside them) never hand batches over sooner: a loop
             # that waits on workers that keep up with it keeps that wait (minGPT's adder on 2 CPUs, 4
             # workers cut to 1 beside a team of 2: the wait dropped printed 1.14x, 1.01x measured).
-            fewer_only = (self.w_now > 0 and 0 < w < self.w_now and ch.sample_cost == 1.0
-                          and ch.intra_threads is None)
+            fewer_only = 0 < w < self.w_now and ch.sample_cost == 1.0 and ch.intra_threads is None
             keeps_wait = ((workers_same or fewer_only) and not ch.persistent and not ch.pin_memory
                           and ch.gil_step is None and ch.others_removed is None
                           and (not ch.runq_removed or fewer_only))

@@ -372,11 +372,16 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
     return fixes
 
 
+def _workers_beyond_cap(ld: dict[str, Any], nt: dict[str, int]) -> bool:
+    """More DataLoader workers than fit beside the loop."""
+    return bool(ld["worker_pids"]) and len(ld["worker_pids"]) > nt["n_workers_cap"]
+
+
 def _fewer_workers(ld: dict[str, Any], nt: dict[str, int], f_data: float | None) -> bool:
     """Fewer DataLoader workers is a fix only where there are more than fit beside the loop and the
     loop does not wait on them: the ledger measured 0.21x when 3 busy workers feeding a loop that
     waited on data were cut to 1."""
-    return bool(ld["worker_pids"]) and len(ld["worker_pids"]) > nt["n_workers_cap"] and (f_data is None or f_data < 0.10)
+    return _workers_beyond_cap(ld, nt) and (f_data is None or f_data < 0.10)
 
 
 @rule("cpu.oversubscribed", requires=("process",), uses=("sched", "pyspy", "contention"),
@@ -428,7 +433,7 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
         # at today's team would change nothing (minGPT's adder on 2 CPUs: "torch.set_num_threads(2)"
         # on a team of 2 was rated 1.14x and measured 1.00x).
         why = (f"; fewer DataLoader workers would starve a loop that waits on them {pct(f_data)} of the time"
-               if ld["worker_pids"] and len(ld["worker_pids"]) > nt["n_workers_cap"] else "")
+               if _workers_beyond_cap(ld, nt) else "")
         ev.note(f"{len(ld['busy'])} busy threads on {p_cpus:.3g} CPUs ({ld['demand']:.2f} runnable on average), but "
                 f"the training process already runs no more than {nt['n_main']} intra-op "
                 f"thread{'s' if nt['n_main'] != 1 else ''}{why}: no thread or worker setting of the job removes "
