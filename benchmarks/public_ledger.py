@@ -69,11 +69,14 @@ GENERIC = set(LOADER_KNOBS) | {"intra_op_threads", "sharing_strategy", "compile"
 REPOS = {
     "pytorch/examples": ("77f55b912142e11fcfdf5b530231fb9c52f181e8",
                          ["mnist", "vae", "dcgan", "imagenet", "word_language_model", "siamese_network", "mnist_rnn",
-                          "super_resolution", "mnist_hogwild",
+                          "super_resolution", "mnist_hogwild", "distributed/ddp-tutorial-series",
                           ":(exclude)word_language_model/data"]),
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
     "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt", "projects/adder"]),
+    # too large to mirror whole: only its example is taken (see fetch_sources)
+    "huggingface/transformers": ("00d481d18f914b55e65faa31e82321629691eadb",
+                                 ["examples/pytorch/language-modeling/run_clm.py"]),
     "Lightning-AI/pytorch-lightning": ("7f0c3436cd3f6ad3753125672024fc415cbcb414",
                                        ["examples/fabric/image_classifier", "examples/pytorch/domain_templates",
                                         "examples/fabric/language_model", "examples/fabric/kfold_cv",
@@ -93,13 +96,32 @@ def fetch_sources() -> None:
             continue
         git_dir = MIRRORS / repo.replace("/", "+") / "repo"
         if not git_dir.exists():
-            raise SystemExit(f"no mirror of {repo} at {git_dir}: fetch github:{repo} first")
+            git_dir = _partial_clone(repo, commit)
         shutil.rmtree(dst, ignore_errors=True)
         dst.mkdir(parents=True)
         arc = subprocess.run(["git", f"--git-dir={git_dir}", "archive", commit, *paths], capture_output=True, check=True)
         subprocess.run(["tar", "x", "-C", str(dst)], input=arc.stdout, check=True)
         (dst / ".commit").write_text(commit + "\n")
         print(f"{repo}@{commit[:10]}: {', '.join(paths)} -> {dst}")
+
+
+def _partial_clone(repo: str, commit: str) -> Path:
+    """A repository too large to mirror whole (transformers): the pinned commit's tree without its
+    blobs, which `git archive` of the needed paths then fetches (needs GitHub)."""
+    git_dir = SRC / ".partial" / repo.replace("/", "+")
+    if not (git_dir / "HEAD").exists():
+        git_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "-q", "--bare", str(git_dir)], check=True)
+        subprocess.run(["git", f"--git-dir={git_dir}", "remote", "add", "origin", f"https://github.com/{repo}"],
+                       check=True)
+    try:
+        # a named remote fetched with a filter becomes the promisor that `git archive` asks for blobs
+        subprocess.run(["git", f"--git-dir={git_dir}", "fetch", "-q", "--depth=1", "--filter=blob:none",
+                        "origin", commit], check=True, timeout=600)
+    except (subprocess.SubprocessError, OSError) as e:
+        raise SystemExit(f"no mirror of {repo} at {MIRRORS} and GitHub not reachable ({e}): extract its "
+                         f"pinned paths into {src_dir(repo)} and write the commit to .commit there") from None
+    return git_dir
 
 
 # -- data made locally -------------------------------------------------------------------------
@@ -174,6 +196,26 @@ def make_wikitext_file(path: Path, n_words: int = 3_000_000) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_random_text(random.Random(0), n_words))
+
+
+def make_clm(w: Path, job: str) -> None:
+    """transformers' run_clm.py: a text file (./data/train.txt, WikiText2-shaped) and a tokenizer it
+    loads from a local directory (./tokenizer: a byte-level BPE of 8,000 tokens trained on that text by
+    the tokenizers library, saved as a GPT-2 fast tokenizer), made in a child with the job's packages."""
+    text = w / "data" / "train.txt"
+    make_wikitext_file(text, n_words=1_500_000)
+    if (w / "tokenizer" / "tokenizer.json").exists():
+        return
+    code = ("import sys\n"
+            "from tokenizers import ByteLevelBPETokenizer\n"
+            "from transformers import GPT2TokenizerFast\n"
+            "t = ByteLevelBPETokenizer()\n"
+            "t.train([sys.argv[1]], vocab_size=8000, special_tokens=['<|endoftext|>'])\n"
+            "GPT2TokenizerFast(tokenizer_object=t, eos_token='<|endoftext|>', bos_token='<|endoftext|>',"
+            " unk_token='<|endoftext|>').save_pretrained(sys.argv[2])\n")
+    sites = [str(PUBLIC / x) for x in job_by_name(job).sites if (PUBLIC / x).exists()]
+    subprocess.run([PY, "-c", code, str(text), str(w / "tokenizer")], check=True,
+                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(sites + [os.environ.get("PYTHONPATH", "")])))
 
 
 def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:
@@ -292,6 +334,7 @@ def _set(flag: str) -> Callable[[Any], list[str]]:
 
 
 EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-image-models"
+HF = "huggingface/transformers"
 MINGPT, PL = "karpathy/minGPT", "Lightning-AI/pytorch-lightning"
 FABRIC_MNIST = "examples/fabric/image_classifier"
 FABRIC_LM = "examples/fabric/language_model"
@@ -330,6 +373,27 @@ def _pl_basics_ddp(name: str, script: str, what: str) -> PublicJob:
                      what + ", CPU, two DDP ranks (gloo) started by Lightning's ddp_spawn strategy",
                      cwd=PL_BASICS, data=make_lightning_mnist, warmup=10.0, longest=60.0,
                      env={"TRAINPROBE_LEDGER_COUNT_ALL": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "free"})
+
+
+HF_CLM = "examples/pytorch/language-modeling/run_clm.py"
+# the Trainer's own flags for two knobs: its torch.compile, and the loss's NaN/inf check, which reads
+# the loss on the host every step (`torch.isnan(loss) or torch.isinf(loss)`), so a sync every N steps is
+# that check off and a log every N steps
+HF_FLAGS = {"compile": lambda v: ["--torch_compile", "True", "--torch_compile_mode", str(v)],
+            "item_every": lambda v: ["--logging_nan_inf_filter", "False", "--logging_steps", str(v)]}
+
+
+def _hf_clm(name: str, kind: str, gpt2: str, block: int, batch: int, what: str, sites: tuple[str, ...]) -> PublicJob:
+    """transformers' run_clm.py (its Trainer) training a GPT-2 from a config on a local text file, with
+    a tokenizer from a local directory; no hub, no network."""
+    argv = ["--model_type", "gpt2", "--config_overrides", gpt2, "--tokenizer_name", "tokenizer",
+            "--train_file", "data/train.txt", "--do_train", "--block_size", str(block),
+            "--per_device_train_batch_size", str(batch), "--max_steps", "100000000",
+            "--output_dir", f"/tmp/trainprobe-{name}-out", "--report_to", "none", "--save_strategy", "no",
+            "--logging_steps", "50"] + (["--use_cpu"] if kind == "cpu" else [])
+    return PublicJob(name, kind, HF, HF_CLM, argv, what, data=lambda w: make_clm(w, name), flags=HF_FLAGS,
+                     env={"HF_HOME": ".hf", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+                     sites=sites, warmup=10.0, background="tqdm's monitor thread (the Trainer's progress bar)")
 
 
 def _timm_cpu(name: str, model: str, px: int, workers: int | None, what: str, aug: bool = True) -> PublicJob:
@@ -457,6 +521,10 @@ def cpu_jobs() -> list[PublicJob]:
                   "minGPT's chargpt (gpt-mini, character-level), CPU: its Trainer's DataLoader with 4 workers, "
                   "pin_memory", cwd="projects/chargpt", data=lambda w: make_text(w / "projects" / "chargpt"),
                   pythonpath=(".",)),
+        _hf_clm("hf-clm-cpu", "cpu", "n_layer=2,n_head=4,n_embd=128,vocab_size=8000,n_positions=128", 128, 8,
+                "transformers' run_clm.py, its Trainer training a 2-layer GPT-2 (128 wide, 8,000 tokens) from a "
+                "config on the CPU, batch 8 of 128 tokens, the Trainer's DataLoader (no workers) over the "
+                "tokenized Arrow data set", ("site-hf",)),
         PublicJob("mingpt-adder-cpu", "cpu", MINGPT, "projects/adder/adder.py", ["--data.ndigit=3"],
                   "minGPT's adder (gpt-nano learning 3-digit addition from an in-memory data set), CPU: its "
                   "Trainer's DataLoader with 4 workers, pin_memory; every 500 steps it scores the model on 5 "
@@ -602,6 +670,16 @@ def gpu_jobs() -> list[PublicJob]:
                   "timm's train.py, vit_small_patch16_224, AMP, a JPEG ImageFolder of 20,000 images (156 "
                   "batches an epoch), -j 4",
                   data=lambda w: make_jpeg_folder(jpeg20k, per_class=2000), warmup=10.0),
+        _hf_clm("hf-clm-gpu", "gpu", "n_layer=6,n_head=6,n_embd=384,vocab_size=8000,n_positions=256", 256, 32,
+                "transformers' run_clm.py, its Trainer training a 6-layer GPT-2 (384 wide, 8,000 tokens) from a "
+                "config on the GPU in fp32, batch 32 of 256 tokens, the Trainer's DataLoader (no workers, "
+                "pinned memory) over the tokenized Arrow data set", ("site-datasets",)),
+        PublicJob("ddp-tutorial-gpu", "gpu", EX, "distributed/ddp-tutorial-series/single_gpu.py",
+                  ["1000000", "1000", "--batch_size", "32"],
+                  "pytorch/examples' DDP tutorial series, single_gpu.py (its Trainer class: nn.Linear(20, 1) on "
+                  "2,048 random samples held in a list, SGD, batch 32, a DataLoader without workers, pinned "
+                  "memory, 64 steps an epoch, each epoch's first batch drawn twice)",
+                  cwd="distributed/ddp-tutorial-series", warmup=6.0),
         PublicJob("superres-gpu", "gpu", EX, "super_resolution/main.py",
                   ["--upscale_factor", "3", "--nEpochs", "100000", "--accel"],
                   "pytorch/examples super-resolution (ESPCN) on BSDS300-shaped JPEGs on the GPU: 4 workers, "
@@ -609,6 +687,10 @@ def gpu_jobs() -> list[PublicJob]:
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   warmup=10.0, longest=60.0),
     ]
+
+
+def job_by_name(name: str) -> PublicJob:
+    return next(j for j in all_jobs() if j.name == name)
 
 
 def all_jobs(kind: str | None = None) -> list[PublicJob]:

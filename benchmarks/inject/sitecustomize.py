@@ -242,22 +242,33 @@ def _after_torch(torch) -> None:
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
-    """Runs `after(module)` once `import NAME` has finished executing."""
+    """Runs `after(module)` once `import NAME` has finished executing. It stays on sys.meta_path until
+    then: a library that only asks whether NAME is installed (`importlib.util.find_spec("torch")`, as
+    transformers, datasets and accelerate do before importing it) gets a spec that is never executed,
+    and the import that follows must still be seen."""
 
     def __init__(self, name: str, after) -> None:
-        self.name, self.after = name, after
+        self.name, self.after, self.done = name, after, False
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.name:
+        if name != self.name or self.done:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module, _after=self.after):
             run(module)
+            if self.done:
+                return
+            self.done = True
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             try:
                 _after(module)
             except Exception as exc:  # noqa: BLE001 - the job runs on; the harness sees the log
