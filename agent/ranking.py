@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainprobe.agent.findings import Finding
+from trainprobe.reports.values import slowdown_text
 
 CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
 CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.8, "low": 0.6}
@@ -47,6 +48,9 @@ def headline(findings: list[dict[str, Any]], plan: dict[str, Any] | None = None)
     top = gains[0]
     iv = top.get("expected_speedup_interval") or [top["expected_speedup"]] * 2
     if top["expected_speedup"] < SMALL_GAIN:
+        if top.get("expected_change") is not None:
+            return (f"No fix here is expected to speed the job up: {top['id']}'s fix "
+                    f"{slowdown_text(top)}.")
         return (f"No fix here is expected to speed the job up by even {SMALL_GAIN:.1f}x: the best, {top['id']}, "
                 f"is worth about {top['expected_speedup']:.2f}x ({iv[0]:.2f}-{iv[1]:.2f}x).")
     return (f"Top fix: {top['id']}, expected {top['expected_speedup']:.2f}x (likely {iv[0]:.2f}-{iv[1]:.2f}x, "

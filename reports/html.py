@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from trainprobe.reports import flamegraph, folded, xmlsafe
 from trainprobe.reports.text import sampling_line
-from trainprobe.reports.values import NOT_WORTH_WORDS, fmt_interval, fmt_value, worth_acting
+from trainprobe.reports.values import NOT_WORTH_WORDS, fmt_interval, fmt_value, slowdown_text, worth_acting
 
 CATEGORY_COLOURS = {
     "data_wait": "#d62728", "data_load": "#ff7f0e", "h2d_copy": "#9467bd", "host_sync": "#8c564b",
@@ -164,6 +164,8 @@ def _findings(report: Mapping[str, Any]) -> list[str]:
         sp = float(f.get("expected_speedup") or 1.0)
         iv = f.get("expected_speedup_interval")
         sp_s = f"{fmt_value(sp, 'x')} expected speedup" if sp > 1.0 else "1.0x: no host-side gain expected"
+        if sp <= 1.0 and f.get("expected_change") is not None:
+            sp_s += f"; the fix {slowdown_text(f)}"
         if sp > 1.0 and iv:
             sp_s += f" (likely {fmt_interval(iv)})"
         worth = worth_acting(f)

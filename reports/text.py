@@ -5,8 +5,8 @@ import os
 import textwrap
 from typing import Any, TextIO
 
-from trainprobe.reports.values import (NOT_WORTH_WORDS, fmt_interval, fmt_value, short_reason, terminal_safe_value,
-                                       worth_acting)
+from trainprobe.reports.values import (NOT_WORTH_WORDS, fmt_interval, fmt_value, short_reason, slowdown_text,
+                                       terminal_safe_value, worth_acting)
 
 WIDTH = 100
 
@@ -50,7 +50,9 @@ def render_findings(findings: list[dict[str, Any]], st: Style) -> list[str]:
     for i, f in enumerate(findings, 1):
         sp = f["expected_speedup"]
         iv = f.get("expected_speedup_interval")
-        sp_s = fmt_value(sp, "x") if sp > 1.0 else "1.0x (no host-side gain)"
+        sp_s = (fmt_value(sp, "x") if sp > 1.0 else
+                f"1.0x (no host-side gain; the fix {slowdown_text(f)})" if f.get("expected_change") is not None else
+                "1.0x (no host-side gain)")
         if sp > 1.0 and iv:
             sp_s += f" ({fmt_interval(iv)})"
         if not worth_acting(f):

@@ -73,6 +73,15 @@ def _nested(v: Any, unit: str | None) -> str:
     return f"({s})" if isinstance(v, (Mapping, list, tuple)) and "," in s else s
 
 
+def slowdown_text(finding: Mapping[str, Any]) -> str:
+    """'would slow the job: about 0.70x (0.62-0.79x)' where a finding's fix is expected to cost (its
+    `expected_change`, the whole interval below 1.0x), else ''."""
+    ch, iv = finding.get("expected_change"), finding.get("expected_change_interval")
+    if ch is None:
+        return ""
+    return f"would slow the job: about {float(ch):.2f}x" + (f" ({fmt_interval(iv)})" if iv else "")
+
+
 def fmt_interval(iv: Any) -> str:
     """An expected speedup's interval, as `3.11-12.93x` (the digits of `fmt_value(x, "x")`)."""
     try:

@@ -166,15 +166,14 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
     assert not {c for c, _, _ in worth} & (set(NO_GAIN_YET) - OPEN_MISSES)
 
 
-@pytest.mark.xfail(reason="the targets are not met on every public run (2026-12-07, twenty-third round: "
-                          "minGPT's adder on 2 CPUs joined, two runs, and fewer workers that keep up no longer priced as "
-                          "the loop's wait; 116 of 138 before): with the calibration as it ships, 118 "
-                          "of 140 runs within 0.8-1.25 (84%, the target 90%; median |log| 0.080, median ratio "
-                          "1.00, 136 of 140 covered). Outside: mnist_rnn on 2 CPUs, whose fix "
-                          "measured 1.28-1.55x in every run, rated below it (its measured abstentions), MNIST "
-                          "on 2 CPUs (1.27; 1.67 where its fix, rated at the contract's 1.0x floor, measured 0.60x), "
-                          "timm's resnet18 at 64 px on 2 CPUs (1.41: its cap rated at the floor, 0.72x in the "
-                          "derivation, measured 0.71x), "
+@pytest.mark.xfail(reason="the targets are not met on every public run (2026-12-07, twenty-fourth round: "
+                          "transformers' Trainer and Lightning's ImageNet template on 2 CPUs joined, and a fix whose "
+                          "whole interval lies below 1.0x is printed with what it would cost; 118 of 140 before): "
+                          "with the calibration as it ships, 120 of 141 runs within 0.8-1.25 (85%, the target 90%; "
+                          "median |log| 0.070, median ratio 1.00, 136 of 141 covered). Outside: mnist_rnn on 2 CPUs, "
+                          "whose fix measured 1.28-1.55x in every run, rated below it (its measured abstentions), MNIST "
+                          "on 2 CPUs (1.27; 1.67 where its fix, rated at the contract's 1.0x floor with an interval "
+                          "reaching 1.22x, measured 0.60x), "
                           "timm's JPEG pipeline on 15-batch epochs (1.65, 1.53, 1.86), Lightning's backbone and "
                           "autoencoder on 2 CPUs in their second runs (1.44, 1.29) and on the GPU (1.43, 1.30), minGPT's "
                           "adder's first run (1.30), the VAE on the GPU (1.25), Fabric's MNIST's first run (0.79), chargpt's "
@@ -183,8 +182,8 @@ def test_each_jobs_latest_fix_worth_acting_on_measured_a_gain():
                           "ImageNet on JPEGs (0.57: a validation pass in the window) and MNIST on the GPU (0.75: py-spy's "
                           "share of the wait at 6 ms steps). mnist_hogwild on 16 CPUs (its cap to 8 threads a process "
                           "measured 32.98x) and its fourth and fifth 2-CPU runs (5.32x for 2.67x, 4.37x for 21.56x: a job "
-                          "in two regimes before the fix). Held out, each job once, 37 of 42; by the derivation's own "
-                          "figure where it is below the floor, 39 of 42 (docs/ledger.md)",
+                          "in two regimes before the fix). Each job once the targets are met "
+                          "(test_accuracy_targets_on_public_code_each_job_once; held out 39 of 43, docs/ledger.md)",
                    strict=False)
 def test_accuracy_targets_on_public_code():
     """The current rules at the settings that were applied and measured (not at what they would
@@ -204,6 +203,28 @@ def test_accuracy_targets_on_public_code():
     assert covered >= 0.9 * len(ratios), ratios
 
 
+def test_accuracy_targets_on_public_code_each_job_once():
+    """Issue 26's targets with each public job counted once (the geometric mean of its runs' pred/meas,
+    as docs/ledger.md's held-out figures count them), the current rules at the settings that were
+    applied and measured, the calibration as it ships: within 0.8-1.25x in at least 90% of jobs, median
+    |log| <= 0.10, median ratio 0.95-1.05, every run of at least 90% of jobs inside its interval.
+    In-sample: 39 of 43, 0.062, 1.015, 39 of 43 (2026-12-07); held out (leave-one-job-out, minutes to
+    fit, so in the docs, not here): 39 of 43, 0.070, 1.013, 39 of 43."""
+    from trainprobe.agent.combiners import step_model
+    from scripts.ledger import _predict, per_job
+    out = []
+    for r in measured_rows():
+        est, (lo, hi), _ = _predict(r, step_model.calibration())
+        out.append(dict(r, ratio=est / r["measured"], in_interval=lo <= r["measured"] <= hi))
+    jobs = per_job(out)
+    ratios = [j["ratio"] for j in jobs]
+    assert len(jobs) >= 40, len(jobs)
+    assert sum(0.8 <= x <= 1.25 for x in ratios) >= 0.9 * len(jobs), sorted(zip(ratios, [j["job"] for j in jobs]))
+    assert statistics.median(abs(math.log(x)) for x in ratios) <= 0.10
+    assert 0.95 <= statistics.median(ratios) <= 1.05
+    assert sum(j["in_interval"] for j in jobs) >= 0.9 * len(jobs)
+
+
 def test_reaped_workers_count_only_their_cpu_inside_the_window():
     """pytorch/examples ImageNet on the H100 (2 workers, re-created each epoch): its window
     saw the epoch's two workers joined and the validation pass's two started. The parent's cutime +
@@ -217,22 +238,38 @@ def test_reaped_workers_count_only_their_cpu_inside_the_window():
     assert f["expected_speedup"] >= 1.5
 
 
-def test_a_fix_the_model_expects_to_slow_the_job_is_printed_at_the_floor_and_judged_by_its_own_figure():
-    """timm's train.py on 2 CPUs, resnet18 at 64 px, one worker beside two intra-op threads: the cap to
-    one thread is priced at the team's CPU-clock samples (e = 0.65) as a loss, 0.72x; the finding
-    prints the contract's 1.0x floor (not worth acting on) and the ledger's second evaluation reads
-    the derivation's figure, which the measured 0.71x matches."""
+@pytest.mark.parametrize("case", ["timm-cpu-resnet18-j1-64", "lightning-imagenet-cpu"])
+def test_a_fix_the_model_is_sure_would_slow_the_job_says_by_how_much(case):
+    """A thread cap on 2 CPUs whose whole interval lies below 1.0x: timm's resnet18 at 64 px (one
+    worker beside two intra-op threads; the cap priced at the team's CPU-clock samples, e = 0.65) and
+    Lightning's ImageNet template with mobilenet_v3_small (two workers re-created each epoch). The
+    finding keeps the contract's 1.0x floor (not worth acting on) and says what the fix would cost
+    (`expected_change`, in the headline and the text view); the ledger scores that figure, which the
+    measured 0.71x and 0.62x match within the band."""
     from trainprobe.agent.combiners import step_model
+    from trainprobe.agent.ranking import headline
+    from trainprobe.reports.text import Style, render_findings
     from scripts.ledger import _predict_full
-    row = next(r for r in measured_rows() if r["case"] == "timm-cpu-resnet18-j1-64")
-    printed, _, _, own = _predict_full(row, step_model.calibration())
-    assert printed == 1.0 and own is not None
-    model, (lo, hi) = own
-    assert 0.65 <= model <= 0.8 and lo <= row["measured"] <= hi
-    assert 0.8 <= model / row["measured"] <= 1.25
-    fs = replay({"bundle": "bundles/timm-cpu-resnet18-j1-64.tar.gz"})["findings"]
+    row = next(r for r in measured_rows() if r["case"] == case)
+    printed, (lo, hi), how, own = _predict_full(row, step_model.calibration())
+    assert own is None and hi < 1.0 and "would slow the job" in how
+    assert 0.8 <= printed / row["measured"] <= 1.25
+    fs = replay({"bundle": f"bundles/{case}.tar.gz"})["findings"]
     f = next(f for f in fs if f["id"] == "cpu.oversubscribed")
-    assert f["expected_speedup"] == 1.0 and "e = 0.65" in f["speedup_bound"], f["speedup_bound"]
+    assert f["expected_speedup"] == 1.0 and f["expected_change"] == printed
+    assert f["expected_change_interval"][1] < 1.0
+    gains = [x for x in fs if x["id"] != "compute.bound"]
+    assert "would slow the job: about" in headline(fs) or gains[0]["id"] != "cpu.oversubscribed"
+    assert any("would slow the job" in line for line in render_findings(fs, Style(False)))
+
+
+def test_a_fix_whose_interval_reaches_a_gain_stays_at_the_floor():
+    """MNIST on 2 CPUs, its loader fix with one intra-op thread: the derivation reads 0.75x but its
+    interval reaches 1.22x, so the finding says only 1.0x, not worth acting on (the measured 0.60x is
+    then outside the band, as printed)."""
+    fs = replay({"bundle": "bundles/mnist-cpu-r6.tar.gz"})["findings"]
+    f = next(f for f in fs if f["id"] == "dataloader.starved")
+    assert f["expected_speedup"] == 1.0 and "expected_change" not in f
 
 
 def test_a_worker_that_queues_counts_as_busy_so_the_fix_changes_something():

@@ -55,3 +55,23 @@ def test_interval_and_headline_in_json_text_and_html(tmp_path):
     page = html.read_text()
     assert f"likely {lo:.2f}-{hi:.2f}x" in page and 'class="headline"' in page
     assert json.loads(json.dumps(rep))["findings"][0]["fixes"][0]["knobs"] == {"background_thread_holds_gil": False}
+
+
+def test_a_fix_sure_to_slow_the_job_keeps_the_floor_and_says_by_how_much():
+    # Lightning's ImageNet template on 2 CPUs: a thread cap priced 0.70x (0.62-0.79x), measured 0.62x.
+    from trainprobe.reports.html import _findings
+    from trainprobe.reports.text import Style, render_findings
+    sure = f("cpu.oversubscribed", 0.70, "low", (0.62, 0.79))
+    assert sure.expected_speedup == 1.0 and sure.interval == (0.62, 1.0)
+    assert sure.expected_change == 0.7 and sure.expected_change_interval == (0.62, 0.79)
+    d = sure.to_dict()
+    assert d["expected_change"] == 0.7 and d["expected_change_interval"] == [0.62, 0.79]
+    assert Finding.from_dict(d).expected_change == 0.7
+    line = headline([d])
+    assert line == "No fix here is expected to speed the job up: cpu.oversubscribed's fix would slow the job: about 0.70x (0.62-0.79x)."
+    assert any("would slow the job: about 0.70x" in x for x in render_findings([d], Style(False)))
+    assert any("would slow the job: about 0.70x" in x for x in _findings({"findings": [d]}))
+    # an interval that reaches a gain: the floor alone, no figure below it
+    unsure = f("dataloader.starved", 0.75, "low", (0.37, 1.22))
+    assert unsure.expected_change is None and "expected_change" not in unsure.to_dict()
+    assert "would slow" not in headline([unsure.to_dict()])
