@@ -119,10 +119,9 @@ def ledger_row(res: dict[str, Any], name: str, bundle: str) -> dict[str, Any]:
         if listed is not None:
             if arm["knobs"] != listed["knobs"]:
                 continue
-            slow = listed.get("expected_change") is not None    # the report's figure for a fix that costs
-            e.update(variant="top" if top else "abstained", finding=listed["id"],
-                     predicted=listed["expected_change"] if slow else listed["expected_speedup"],
-                     interval=listed["expected_change_interval"] if slow else listed["interval"])
+            predicted, interval = pl.printed_figure(listed)
+            e.update(variant="top" if top else "abstained", finding=listed["id"], predicted=predicted,
+                     interval=interval)
         else:
             m = arm["model"]
             if not m.get("speedup"):

@@ -905,6 +905,15 @@ def finding_knobs(f: dict[str, Any]) -> dict[str, Any]:
     return k
 
 
+def printed_figure(f: dict[str, Any]) -> tuple[float, Any]:
+    """The figure and interval a finding (the report's or brief()'s) prints for its fix: what it would
+    cost where the report says the fix would slow the job (`expected_change`), else its expected
+    speedup. The ledger scores this."""
+    if f.get("expected_change") is not None:
+        return f["expected_change"], f.get("expected_change_interval")
+    return f["expected_speedup"], f.get("expected_speedup_interval", f.get("interval"))
+
+
 def brief(fs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"id": f["id"], "expected_speedup": f["expected_speedup"],
              "interval": f.get("expected_speedup_interval"), "confidence": f.get("confidence"),
@@ -978,10 +987,8 @@ def run_job(job: PublicJob, out: Path, a: argparse.Namespace, deadline: float,
             entry = {"variant": name, "knobs": knobs, "injected": inj, "argv_added": argv, "not_applied": left,
                      "thread": thread}
             if f is not None:
-                # (a fix the report says would slow the job is scored at the figure it prints for that)
-                slow = f.get("expected_change") is not None
-                entry.update(finding=f["id"], predicted=f["expected_change"] if slow else f["expected_speedup"],
-                             interval=f.get("expected_change_interval" if slow else "expected_speedup_interval"),
+                predicted, interval = printed_figure(f)
+                entry.update(finding=f["id"], predicted=predicted, interval=interval,
                              fix_text=[fx.get("change") for fx in f.get("fixes") or []])
             else:
                 entry.update(predicted=plan.get("expected_speedup"),
