@@ -198,7 +198,7 @@ def make_wikitext_file(path: Path, n_words: int = 3_000_000) -> None:
     path.write_text(_random_text(random.Random(0), n_words))
 
 
-def make_clm(w: Path, job: str) -> None:
+def make_clm(w: Path, sites: tuple[str, ...]) -> None:
     """transformers' run_clm.py: a text file (./data/train.txt, WikiText2-shaped) and a tokenizer it
     loads from a local directory (./tokenizer: a byte-level BPE of 8,000 tokens trained on that text by
     the tokenizers library, saved as a GPT-2 fast tokenizer), made in a child with the job's packages."""
@@ -213,9 +213,9 @@ def make_clm(w: Path, job: str) -> None:
             "t.train([sys.argv[1]], vocab_size=8000, special_tokens=['<|endoftext|>'])\n"
             "GPT2TokenizerFast(tokenizer_object=t, eos_token='<|endoftext|>', bos_token='<|endoftext|>',"
             " unk_token='<|endoftext|>').save_pretrained(sys.argv[2])\n")
-    sites = [str(PUBLIC / x) for x in job_by_name(job).sites if (PUBLIC / x).exists()]
+    paths = [str(PUBLIC / x) for x in sites if (PUBLIC / x).exists()]
     subprocess.run([PY, "-c", code, str(text), str(w / "tokenizer")], check=True,
-                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(sites + [os.environ.get("PYTHONPATH", "")])))
+                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])))
 
 
 def make_tokens(root: Path, dataset: str = "rand", n: int = 2_000_000) -> None:
@@ -391,7 +391,7 @@ def _hf_clm(name: str, kind: str, gpt2: str, block: int, batch: int, what: str, 
             "--per_device_train_batch_size", str(batch), "--max_steps", "100000000",
             "--output_dir", f"/tmp/trainprobe-{name}-out", "--report_to", "none", "--save_strategy", "no",
             "--logging_steps", "50"] + (["--use_cpu"] if kind == "cpu" else [])
-    return PublicJob(name, kind, HF, HF_CLM, argv, what, data=lambda w: make_clm(w, name), flags=HF_FLAGS,
+    return PublicJob(name, kind, HF, HF_CLM, argv, what, data=lambda w: make_clm(w, sites), flags=HF_FLAGS,
                      env={"HF_HOME": ".hf", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
                      sites=sites, warmup=10.0, background="tqdm's monitor thread (the Trainer's progress bar)")
 
@@ -697,10 +697,6 @@ def gpu_jobs() -> list[PublicJob]:
                   cwd="super_resolution", data=lambda w: make_bsds(w / "super_resolution" / "dataset"),
                   warmup=10.0, longest=60.0),
     ]
-
-
-def job_by_name(name: str) -> PublicJob:
-    return next(j for j in all_jobs() if j.name == name)
 
 
 def all_jobs(kind: str | None = None) -> list[PublicJob]:
