@@ -10,7 +10,11 @@ elsewhere in user space (work). That split is the one /proc cannot give: a spinn
 CPU time reads exactly like a working one's.
 
 Nothing is changed in the target: the events are per-thread counters the kernel samples on its own
-timer; they are closed (detached) when the window ends, whatever happens. Opening one needs root,
+timer; they are closed (detached) when the window ends, whatever happens. Each sample is a timer
+interrupt in the sampled thread, paid by the job, not by the agent: measured with
+benchmarks/bench_oncpu_cost.py (docs/cost.md), 11-51 us of the job's wall time a sample on the 2-CPU
+VM (at 10 ms, 0.4-0.6% of a loop and its intra-op thread), and none resolved on the H200 node (a
+16-thread team at 16,000 samples a second ran at 0.999 of its pace). Opening one needs root,
 CAP_PERFMON, or kernel.perf_event_paranoid <= 2 for the caller's own processes (user space only
 then: samples in the kernel are not taken).
 """
@@ -56,9 +60,9 @@ class Sampler:
     dataclasses: this module is imported on every diagnosis's start-up.)"""
 
     def __init__(self, ranges: list[tuple[int, int, str]] | None = None, pages: int = 0,
-                 reason: str | None = None):
+                 reason: str | None = None, period_ns: int = PERIOD_NS):
         self.events: dict[int, tuple[int, mmap.mmap]] = {}
-        self.pages, self.reason, self.user_only = pages, reason, False
+        self.pages, self.reason, self.user_only, self.period_ns = pages, reason, False, period_ns
         self.ranges = ranges or []
 
     def close(self) -> None:
@@ -84,27 +88,28 @@ def openmp_ranges(maps_text: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _attr(user_only: bool) -> Any:
+def _attr(user_only: bool, period_ns: int) -> Any:
     import ctypes   # noqa: PLC0415 - only where events are opened
     buf = ctypes.create_string_buffer(ATTR_SIZE)
     flags = FLAG_EXCLUDE_HV | (FLAG_EXCLUDE_KERNEL if user_only else 0)
-    struct.pack_into("<IIQQQQQ", buf, 0, PERF_TYPE_SOFTWARE, ATTR_SIZE, PERF_COUNT_SW_CPU_CLOCK, PERIOD_NS,
+    struct.pack_into("<IIQQQQQ", buf, 0, PERF_TYPE_SOFTWARE, ATTR_SIZE, PERF_COUNT_SW_CPU_CLOCK, period_ns,
                      PERF_SAMPLE_IP | PERF_SAMPLE_TID, 0, flags)
     return buf
 
 
-def _pages_for(window_s: float) -> int:
-    need = window_s * (1e9 / PERIOD_NS) * RECORD.size * 1.5
+def _pages_for(window_s: float, period_ns: int = PERIOD_NS) -> int:
+    need = window_s * (1e9 / period_ns) * RECORD.size * 1.5
     pages = 4
     while pages * mmap.PAGESIZE < need and pages < 64:
         pages *= 2
     return pages
 
 
-def start(tids: list[int], maps_text: str, window_s: float) -> Sampler:
-    """Open one event per thread (at most MAX_THREADS); a Sampler with `reason` when none opened."""
+def start(tids: list[int], maps_text: str, window_s: float, period_ns: int = PERIOD_NS) -> Sampler:
+    """Open one event per thread (at most MAX_THREADS), a sample every `period_ns` of each thread's
+    CPU; a Sampler with `reason` when none opened."""
     import ctypes   # noqa: PLC0415 - only where events are opened
-    s = Sampler(ranges=openmp_ranges(maps_text), pages=_pages_for(window_s))
+    s = Sampler(ranges=openmp_ranges(maps_text), pages=_pages_for(window_s, period_ns), period_ns=period_ns)
     machine = os.uname().machine
     nr = SYSCALL_NR.get(machine)
     if nr is None:
@@ -116,7 +121,7 @@ def start(tids: list[int], maps_text: str, window_s: float) -> Sampler:
     for tid in tids[:MAX_THREADS]:
         fd = -1
         for user_only in ((s.user_only,) if s.events else (False, True)):
-            fd = libc.syscall(nr, _attr(user_only), ctypes.c_int(tid), ctypes.c_int(-1), ctypes.c_int(-1),
+            fd = libc.syscall(nr, _attr(user_only, period_ns), ctypes.c_int(tid), ctypes.c_int(-1), ctypes.c_int(-1),
                               ctypes.c_ulong(0))
             if fd >= 0:
                 s.user_only = user_only
@@ -150,7 +155,7 @@ def read(s: Sampler) -> dict[str, Any]:
             lost += n_lost
     finally:
         s.close()
-    return {"threads": out, "lost": lost, "period_ms": PERIOD_NS / 1e6, "user_only": s.user_only,
+    return {"threads": out, "lost": lost, "period_ms": s.period_ns / 1e6, "user_only": s.user_only,
             "openmp_runtime": sorted({p for _lo, _hi, p in s.ranges})}
 
 
