@@ -45,8 +45,8 @@ def test_the_runs_on_record_pool_to_the_figure_docs_quote():
         f = factor(arms.get("default") or arms["auto"], "steps/s")
         if f is not None:
             runs.append(f)
-    assert len(runs) == 13
+    assert len(runs) == 14
     r = pool(runs)
-    assert r["pairs"] == 265
+    assert r["pairs"] == 284
     assert r["ratio"] == pytest.approx(0.985, abs=0.001)
     assert r["ci95"][0] == pytest.approx(0.980, abs=0.001) and r["ci95"][1] == pytest.approx(0.990, abs=0.001)
