@@ -59,17 +59,11 @@ def reference_cpu_s() -> float:
 
 def diagnose(pid: int, window: float, extra: list[str]) -> dict[str, Any]:
     """One `trainprobe diagnose --json` subprocess: its report, its tree's CPU and peak RSS."""
-    # an arm's leading KEY=VALUE words go to the agent's environment (TRAINPROBE_ONCPU_SAMPLES_PER_S=...)
-    env = agent_env()
-    while extra and "=" in extra[0] and not extra[0].startswith("-"):
-        k, v = extra[0].split("=", 1)
-        env[k] = v
-        extra = extra[1:]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "trainprobe.agent", "diagnose", "--pid", str(pid), "--duration", str(window),
                              "--json", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=agent_env())
     peak = [0.0]
     done = threading.Event()
 

@@ -5,8 +5,7 @@ not the agent, and an intra-op team pays it at its next barrier, whichever membe
 This benchmark starts a job shaped like a loop that loads its own batches (small parallel tensor ops
 on `--threads` intra-op threads between stretches of Python), then interleaves untouched windows with
 windows where the sampler is open on every thread of the job at each `--periods` entry (ms; the
-process probe's is 10), D A1 D A2 ... until
-`--time-budget` is spent. Each attached window's steps/s is divided by the mean of its two untouched
+process probe samples at 10), D A1 D A2 ... until `--time-budget` is spent. Each attached window's steps/s is divided by the mean of its two untouched
 neighbours. Per arm: the mean ratio with its 95% interval, the samples a second, and the job's wall
 time lost per sample (us): (1 - ratio) / samples a second.
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys

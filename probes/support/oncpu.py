@@ -12,9 +12,9 @@ CPU time reads exactly like a working one's.
 Nothing is changed in the target: the events are per-thread counters the kernel samples on its own
 timer; they are closed (detached) when the window ends, whatever happens. Each sample is a timer
 interrupt in the sampled thread, paid by the job, not by the agent: measured with
-benchmarks/bench_oncpu_cost.py (docs/cost.md), 11-51 us of the job's wall time a sample on the 2-CPU
-VM (at 10 ms, 0.4-0.6% of a loop and its intra-op thread), and none resolved on the H200 node (a
-16-thread team at 16,000 samples a second ran at 0.999 of its pace). Opening one needs root,
+benchmarks/bench_oncpu_cost.py (docs/cost.md), 19-43 us of the job's wall time a sample on the 2-CPU
+VM (at 10 ms, 0.4-0.9% of a loop and its intra-op thread while the window is open), and none
+resolved on the H200 node (a 16-thread team at 16,000 samples a second ran at 0.999 of its pace). Opening one needs root,
 CAP_PERFMON, or kernel.perf_event_paranoid <= 2 for the caller's own processes (user space only
 then: samples in the kernel are not taken).
 """
