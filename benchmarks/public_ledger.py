@@ -74,6 +74,7 @@ REPOS = {
     "karpathy/nanoGPT": ("3adf61e154c3fe3fca428ad6bc3818b27a3b8291", ["train.py", "model.py", "configurator.py"]),
     "huggingface/pytorch-image-models": ("aa4b5850c1543fa488abf260f18390eda46cf85d", ["train.py", "timm"]),
     "karpathy/minGPT": ("37baab71b9abea1b76ab957409a1cc2fbfba8a26", ["mingpt", "projects/chargpt", "projects/adder"]),
+    "karpathy/makemore": ("988aa59e4d8fefa526d06f3b453ad116258398d4", ["makemore.py", "names.txt"]),
     # too large to mirror whole: only its example is taken (see fetch_sources)
     "huggingface/transformers": ("00d481d18f914b55e65faa31e82321629691eadb",
                                  ["examples/pytorch/language-modeling/run_clm.py"]),
@@ -336,6 +337,7 @@ def _set(flag: str) -> Callable[[Any], list[str]]:
 EX, NANO, TIMM = "pytorch/examples", "karpathy/nanoGPT", "huggingface/pytorch-image-models"
 HF = "huggingface/transformers"
 MINGPT, PL = "karpathy/minGPT", "Lightning-AI/pytorch-lightning"
+MAKEMORE = "karpathy/makemore"
 FABRIC_MNIST = "examples/fabric/image_classifier"
 FABRIC_LM = "examples/fabric/language_model"
 FABRIC_KFOLD = "examples/fabric/kfold_cv"
@@ -541,6 +543,14 @@ def cpu_jobs() -> list[PublicJob]:
                   "batches of the training set and the 500 test problems by greedy generation (a loader without "
                   "workers)",
                   cwd="projects/adder", pythonpath=(".",), warmup=8.0, longest=60.0),
+        PublicJob("makemore-cpu", "cpu", MAKEMORE, "makemore.py", ["-i", "names.txt", "-o", "/tmp/trainprobe-makemore-out"],
+                  "karpathy's makemore, its default: a 4-layer transformer (64 wide) over the repository's 32,000 "
+                  "names, batch 32, CPU; its InfiniteDataLoader (4 workers, pin_memory) over an in-memory data set; "
+                  "every 500 steps it scores 10 batches of each split in a loader without workers, writes the "
+                  "losses to TensorBoard and saves the model where the test loss is the best, and every 200 "
+                  "steps it samples 10 names",
+                  flags={"num_workers": _set("--num-workers")}, sites=("site-tb",), warmup=8.0, longest=60.0,
+                  background="TensorBoard's event-writer thread (its SummaryWriter)"),
     ]
 
 
@@ -1262,6 +1272,35 @@ def _keep_bundle(r: dict[str, Any], src: Path, name: str) -> None:
     r["bundle"] = f"bundles/{name}"
 
 
+def replay_kept(jobs: list[str] | None) -> None:
+    """Re-diagnose the kept bundles (tests/data/ledger/public) by the rules as they are now, the rows of
+    these jobs and their re-runs (every row without --jobs): each row's recorded replay (`replay_top`,
+    `replay_findings`, `misses`) follows a rule change, which says here what moved."""
+    def head(fs: list[dict[str, Any]]) -> tuple[Any, Any]:
+        return (fs[0]["id"], fs[0].get("knobs")) if fs else (None, None)
+
+    for dst in sorted(TESTS.glob("public-ledger-*.json")):
+        text = dst.read_text()
+        led = json.loads(text)
+        moved = 0
+        for r in led["rows"]:
+            # (the loaded ledger's bundles sit in bundles-loaded/: _keep_bundle keeps bundles/ only)
+            if not str(r.get("bundle") or "").startswith("bundles/") or (
+                    jobs and not any(r["job"] == j or r["job"].startswith(j + "-r") for j in jobs)):
+                continue
+            before = head(r.get("replay_findings") or [])
+            row = dict(r)
+            _keep_bundle(row, TESTS / r["bundle"], Path(r["bundle"]).name)
+            if head(row.get("replay_findings") or []) != before:
+                # only a moved top finding or fix is written (intervals move in the last digit)
+                r.clear()
+                r.update(row)
+                moved += 1
+                print(f"{r['job']}: {before} -> {head(r['replay_findings'])}")
+        dst.write_text(json.dumps(led, indent=1) + ("\n" if text.endswith("\n") else ""))
+        print(f"{dst.name}: {moved} rows' replay moved")
+
+
 def append_to_tests(paths: list[Path]) -> None:
     """Append later runs to the kept ledgers in tests/data/ledger/public/ as re-runs (`JOB-rN`, its
     bundle beside it), each bundle's findings replayed by the current rules; the earlier runs stay."""
@@ -1340,6 +1379,8 @@ def main() -> int:
     ap.add_argument("--append", action="store_true",
                     help="with --to-tests: add the runs to the kept ledgers as re-runs (JOB-rN), not in place of them")
     ap.add_argument("--render", action="store_true", help="print the results section from tests/data")
+    ap.add_argument("--replay", action="store_true",
+                    help="re-diagnose the kept bundles by the current rules (with --jobs: those jobs' rows)")
     ap.add_argument("diagnose_args", nargs="*", help="extra arguments for diagnose (after --)")
     a = ap.parse_args()
     if a.fetch:
@@ -1350,6 +1391,9 @@ def main() -> int:
         return 0
     if a.to_tests is not None:
         (append_to_tests if a.append else to_tests)([Path(p) for p in a.to_tests])
+        return 0
+    if a.replay:
+        replay_kept(a.jobs.split(",") if a.jobs else None)
         return 0
     if a.render:
         leds = [json.loads(p.read_text()) for p in sorted(TESTS.glob("public-ledger-*.json"))]

@@ -798,7 +798,7 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
     from trainprobe.agent import report as report_mod
     from trainprobe.agent.combiners import step_model
     from trainprobe.agent.diagnosis import evidence_from
-    from trainprobe.agent.rules import dataloader_starved
+    from trainprobe.agent.rules import cpu_oversubscribed, dataloader_starved
     knobs = row.get("knobs")
     old = step_model.calibration()
     step_model.set_calibration(cal)
@@ -819,7 +819,14 @@ def _predict_full(row: dict[str, Any], cal: Any) -> tuple[float, tuple[float, fl
             g = dataloader_starved.at_knobs(evidence_from(b.captures, b.context), knobs)
             if g is not None:
                 f, how = g, "at the applied knobs"
-        elif f is not None and knobs is not None:
+        elif (row["finding"] == "cpu.oversubscribed" and f is not None and knobs is not None
+              and "num_workers" in knobs and report_mod.fix_knobs(f).get("num_workers") != knobs["num_workers"]):
+            # the rule's workers at the count that was applied (a row that measured one worker where
+            # the rule now prints none); its other knobs as the rule prints them
+            g = cpu_oversubscribed.at_knobs(evidence_from(b.captures, b.context), knobs)
+            if g is not None and report_mod.fix_knobs(g).get("num_workers") == knobs["num_workers"]:
+                f, how = g, "at the applied worker count"
+        if row["finding"] != "dataloader.starved" and f is not None and knobs is not None:
             own = report_mod.fix_knobs(f)
             # (both ways: a knob the rule prints that was not applied makes another fix too)
             differ = {k: v for k, v in knobs.items() if k != "non_blocking" and own.get(k) != v}

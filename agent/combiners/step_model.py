@@ -330,6 +330,8 @@ class StepModel:
     par_measured: tuple[float, float, float] | None = None   # e from the threads' CPU samples (lo, mid, hi)
     par_basis: str = ""                # ... in words
     team_cpu: float | None = None      # cores the loop's other intra-op threads used (samples: work, spin, kernel)
+    loop_barrier: float | None = None  # cores the loop thread spent in the OpenMP runtime (waiting for its team)
+    team_spin: float | None = None     # cores the loop's other intra-op threads spent there (spinning, waiting)
     step_s: float | None = None        # seconds a training step takes (the window's backward passes), None unknown
 
     @property
@@ -399,6 +401,31 @@ class StepModel:
         loop_ms, worker_ms = ((cal.handoff_ms_fs, cal.handoff_worker_ms_fs) if fs
                               else (cal.handoff_ms, cal.handoff_worker_ms))
         return loop_ms[i] / 1000.0 / self.step_s, worker_ms[i] / 1000.0 / self.step_s
+
+    def workers_to_loop(self, n: int, sc: str, cal: Calibration) -> tuple[float, float]:
+        """(the loop's loading, the team's time given back) where the loop takes its batches back from
+        today's workers (num_workers=0), shares of today's step; the loop's wait on the workers goes
+        with them. The loading: the workers' CPU a batch less its hand-off (handoff_worker_ms a
+        batch, where the step is timed), over k (a batch costs a worker k times what it costs the
+        loop): the reverse of a move to workers. The time given back: where no CPU is left beside
+        the loop's compute (a CPU-only job whose intra-op team fills its CPUs), the workers ran on the
+        team's CPUs and a parallel region waited for the member a worker displaced, so the team lost
+        about the workers' CPU (what the move to workers charges the loop, above: the loading comes
+        back as the workers' CPU), never more than the loop thread's measured waits for it: for a CPU
+        (run-queue) and at the team's barriers (its CPU-clock samples in the OpenMP runtime, where
+        taken). The interval's long end gives back only the loop's own wait for a CPU. Elsewhere the
+        workers ran on CPUs of their own, and nothing is given back."""
+        i = SCENARIOS.index(sc)
+        j = len(SCENARIOS) - 1 - i          # the shortest step takes the cheapest loading: the largest k
+        timed = bool(self.step_s) and not self.interleaved_calls
+        hand_w = cal.handoff_worker_ms[j] / 1000.0 / self.step_s if timed else 0.0
+        k = cal.handoff_k_timed[j] if timed else cal.handoff_k[j]
+        back = max(self.worker_cores - hand_w, 0.0) / k
+        stall = 0.0
+        if self.no_cpu_for_workers(n):
+            barrier = (self.loop_barrier or 0.0) if sc != "hi" else 0.0
+            stall = min(self.worker_cores, self.r_loop + barrier)
+        return back, stall
 
     def first_wait(self, sc: str) -> float:
         """The wait for the first batch of each epoch's freshly started workers (py-spy: the loop's
@@ -598,7 +625,11 @@ class StepModel:
         terms: dict[str, float] = {}
         workers_same = (w == self.w_now and ch.sample_cost == 1.0)
         eff = self.efficiency(w, sc, cal)
-        if w <= 0:
+        if w <= 0 and self.w_now > 0 and self.worker_cores > 0:
+            # The loop takes its batches back from today's workers (workers_to_loop).
+            back, stall = self.workers_to_loop(n, sc, cal)
+            terms["loading"] = loop - stall + (back + self.f_load) * ch.sample_cost
+        elif w <= 0:
             # The loop still loads its own batches: loading and compute add up.
             terms["loading"] = loop + self.f_load * ch.sample_cost + self.f_wait
         elif workers_same and ch.persistent and self.churn_s > 0:
@@ -637,7 +668,17 @@ class StepModel:
                 terms["loop"] += k * d + hand_w
         if self.p > 0 and not ch.runq_removed:
             # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
-            if self.d_inloop and w > 0:
+            if w <= 0 and self.w_now > 0 and self.worker_cores > 0:
+                # The workers' CPU goes, the loop's loading comes back, and so does the CPU the team's
+                # other threads spun away at barriers while a worker held a member's CPU (the long
+                # end keeps that spin; the short end takes all their CPU in the OpenMP runtime,
+                # measured by the CPU-clock samples, for what it is: no work of the step's).
+                back, stall = self.workers_to_loop(n, sc, cal)
+                spun = stall * max(self.loop_cores - 1.0, 0.0) if sc != "hi" else 0.0
+                if sc == "lo" and self.team_spin is not None:
+                    spun = max(spun, self.team_spin)
+                u = self.u - self.worker_cores + back - spun
+            elif self.d_inloop and w > 0:
                 u = self.u - self.f_load + (k * d + hand_w) / eff + hand_l
             else:
                 u = self.u - (1.0 - ch.sample_cost) * min(self.d, self.u)
@@ -808,6 +849,8 @@ class StepModel:
              "f_first": round(self.f_first, 4),
              "par_measured": None if self.par_measured is None else [round(x, 3) for x in self.par_measured],
              "team_cpu": None if self.team_cpu is None else round(self.team_cpu, 3),
+             "loop_barrier": None if self.loop_barrier is None else round(self.loop_barrier, 3),
+             "team_spin": None if self.team_spin is None else round(self.team_spin, 3),
              "step_s": None if self.step_s is None else round(self.step_s, 5),
              "calibration": {k: list(getattr(CAL, k)) for k in CAL.__dataclass_fields__}}
         if step is not None:
@@ -1073,6 +1116,8 @@ def _measured_par(proc: dict[str, Any], me: dict[str, Any], m: StepModel, win: f
     mid = min(max(e, 0.0), 1.0)
     m.par_measured = (max(mid - err, 0.0), mid, min(mid + err, 1.0))
     m.team_cpu = sum(v["samples"] for v in team) * period / win
+    m.loop_barrier = g_loop * period / win
+    m.team_spin = sum(v["openmp"] for v in team) * period / win
     spun = sum(v["openmp"] for v in team) / max(sum(v["samples"] for v in team), 1)
     m.par_basis = (f"its other intra-op threads worked {work * period / win:.2f} cores and spun or waited in the "
                    f"OpenMP runtime {100 * spun:.0f}% of their CPU, the loop thread waited there "

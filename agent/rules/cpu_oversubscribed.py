@@ -183,6 +183,8 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
     if spin is not None and spin["team"] > nt["n_main"] and spin["runtime_share"] >= SPIN_SHARE:
         return _spin_gain(ld, nt, spin)
     m = step_model.process_model(ev)
+    if nt.get("loop_loads") and m is not None:
+        return _loop_loads_gain(m, ld, r_loop)
     n_after = nt["n_main"] if len(ld["team"]) > nt["n_main"] else None
     fewer = _fewer_workers(ld, nt, f_data)
     ch = Change(intra_threads=n_after, workers=nt["n_workers_cap"] if fewer else None, runq_removed=True)
@@ -205,6 +207,23 @@ def _gain(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], source: str, wor
              f"the CPUs the job will hold ({m.u:.2f} of {m.p_allowed:.3g} held today; others' share {held}), "
              f"its compute on fewer threads at the team's parallel efficiency {_efficiency(m)}: "
              f"{step.speedup:.2f}x ({step.interval[0]:.2f}-{step.interval[1]:.2f}x); an estimate")
+    return step.speedup, step.interval, bound, m.details(step)
+
+
+def _loop_loads_gain(m: Any, ld: dict[str, Any], r_loop: float) -> tuple[float, tuple[float, float], str,
+                                                                          dict[str, Any]]:
+    """The step once the loop loads its own batches (the step model's workers_to_loop), in words."""
+    step = m.after(Change(workers=0))
+    cal = step_model.calibration()
+    back, stall = m.workers_to_loop(max(m.threads_busy, 1), "mid", cal)
+    bound = (f"today's step: the loop waits for or receives its batches {pct(m.f_wait)}, and no CPU is left beside "
+             f"its compute (P={m.p_allowed:.3g} CPUs, L={m.loop_cores:.2f} for the loop): the "
+             f"{len(ld['worker_pids'])} workers' {m.worker_cores:.2f} cores came out of its intra-op team's, which "
+             f"waited at its barriers for the member a worker displaced (the loop itself waited for a CPU "
+             f"{pct(r_loop)} of the time); with the batches made in the loop (about {pct(back)} of today's step, "
+             f"the workers' CPU a batch less its hand-off, over k) the step is set by the "
+             f"{step.binding} term ({step.mid:.2f} of today's): {step.speedup:.2f}x "
+             f"({step.interval[0]:.2f}-{step.interval[1]:.2f}x); an estimate")
     return step.speedup, step.interval, bound, m.details(step)
 
 
@@ -358,7 +377,12 @@ def _fixes(ev: Evidence, ld: dict[str, Any], nt: dict[str, int], p_cpus: float, 
         fixes.append(Fix(f"One thread per DataLoader worker ({nt['worker_threads']} busy in one worker now)",
                          change="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1))",
                          knobs={"worker_threads": 1}))
-    if _fewer_workers(ld, nt, f_data):
+    if nt.get("loop_loads"):
+        fixes.append(Fix(f"Load the batches in the training loop: no CPU is left beside its compute on "
+                         f"{nt['p_free']} free CPUs, so the {len(ld['worker_pids'])} DataLoader workers take "
+                         "their CPU from its intra-op team", change="DataLoader(..., num_workers=0)",
+                         knobs={"num_workers": 0}))
+    elif _fewer_workers(ld, nt, f_data):
         fixes.append(Fix(f"Fewer DataLoader workers: {nt['n_workers_cap']} fit beside the loop on {nt['p_free']} "
                          "free CPUs", change=f"DataLoader(..., num_workers={nt['n_workers_cap']})",
                          knobs={"num_workers": nt["n_workers_cap"]}))
@@ -384,9 +408,36 @@ def _fewer_workers(ld: dict[str, Any], nt: dict[str, int], f_data: float | None)
     return _workers_beyond_cap(ld, nt) and (f_data is None or f_data < 0.10)
 
 
+def _loop_loads(sm: Any, ld: dict[str, Any], nt: dict[str, int], f_data: float | None) -> bool:
+    """No workers at all, the loop loading its own batches, is the fewer workers to propose where no
+    CPU is left beside the loop's compute (a CPU-only job whose intra-op team fills its CPUs: the
+    workers' CPU comes out of the team's, at its barriers) and the step model prices it above the
+    workers that would fit (karpathy's makemore and minGPT's adder on 2 CPUs, 4 workers beside a team
+    of 2: rated 1.03-1.04x for one worker, num_workers=0 measured 1.14x and 1.12x). One training
+    process whose team the CPUs hold (no cap beside it), and a loop that does not wait on its workers."""
+    if (sm is None or ld["ranks"] or not _fewer_workers(ld, nt, f_data) or len(ld["team"]) > nt["n_main"]
+            or not sm.w_now or not sm.no_cpu_for_workers(max(sm.threads_busy, 1))):
+        return False
+    none = sm.after(Change(workers=0))
+    some = sm.after(Change(workers=nt["n_workers_cap"], runq_removed=True))
+    return none is not None and (some is None or none.speedup > some.speedup)
+
+
 @rule("cpu.oversubscribed", requires=("process",), uses=("sched", "pyspy", "contention"),
       description="more runnable threads than CPUs, measured as run-queue delay (eBPF or schedstat)")
 def cpu_oversubscribed(ev: Evidence) -> Finding | None:
+    return _finding(ev)
+
+
+def at_knobs(ev: Evidence, knobs: dict[str, Any]) -> Finding | None:
+    """The finding as this rule gives it, its DataLoader workers at the count in these knobs
+    (num_workers) instead of the count it would propose: the validation ledger's measured fixes were
+    applied with the settings printed when they were run (a row that measured one worker where the
+    rule now prints none is priced at one)."""
+    return _finding(ev, {k: int(v) for k, v in knobs.items() if k == "num_workers"})
+
+
+def _finding(ev: Evidence, force: dict[str, int] | None = None) -> Finding | None:
     proc = ev.get("process") or {}
     if not proc.get("processes"):
         return None
@@ -426,6 +477,11 @@ def cpu_oversubscribed(ev: Evidence) -> Finding | None:
                 "the others are not the job's thread settings' to remove")
         return None
     sm = step_model.process_model(ev)
+    if force and "num_workers" in force and _workers_beyond_cap(ld, {**nt, "n_workers_cap": force["num_workers"]}):
+        nt["n_workers_cap"] = force["num_workers"]
+        nt["loop_loads"] = force["num_workers"] == 0 and sm is not None and bool(sm.w_now)
+    elif force is None and _loop_loads(sm, ld, nt, f_data):
+        nt["n_workers_cap"], nt["loop_loads"] = 0, True
     fixes = _fixes(ev, ld, nt, p_cpus, others, f_data, sm)
     if not fixes:
         # No setting of the job lowers its runnable threads: its intra-op team already fits the CPUs,
