@@ -625,9 +625,10 @@ class StepModel:
         terms: dict[str, float] = {}
         workers_same = (w == self.w_now and ch.sample_cost == 1.0)
         eff = self.efficiency(w, sc, cal)
-        if w <= 0 and self.w_now > 0 and self.worker_cores > 0:
-            # The loop takes its batches back from today's workers (workers_to_loop).
-            back, stall = self.workers_to_loop(n, sc, cal)
+        # The loop takes its batches back from today's workers: (its loading, the team's time given back)
+        to_loop = self.workers_to_loop(n, sc, cal) if w <= 0 and self.w_now > 0 and self.worker_cores > 0 else None
+        if to_loop is not None:
+            back, stall = to_loop
             terms["loading"] = loop - stall + (back + self.f_load) * ch.sample_cost
         elif w <= 0:
             # The loop still loads its own batches: loading and compute add up.
@@ -668,12 +669,12 @@ class StepModel:
                 terms["loop"] += k * d + hand_w
         if self.p > 0 and not ch.runq_removed:
             # (A thread cap's CPU accounting is in cap_factor: the CPUs the job holds after it.)
-            if w <= 0 and self.w_now > 0 and self.worker_cores > 0:
+            if to_loop is not None:
                 # The workers' CPU goes, the loop's loading comes back, and so does the CPU the team's
                 # other threads spun away at barriers while a worker held a member's CPU (the long
                 # end keeps that spin; the short end takes all their CPU in the OpenMP runtime,
                 # measured by the CPU-clock samples, for what it is: no work of the step's).
-                back, stall = self.workers_to_loop(n, sc, cal)
+                back, stall = to_loop
                 spun = stall * max(self.loop_cores - 1.0, 0.0) if sc != "hi" else 0.0
                 if sc == "lo" and self.team_spin is not None:
                     spun = max(spun, self.team_spin)
